@@ -1,0 +1,93 @@
+"""``speculative_config``: parsing and validation shared by the offline API, the CLI and the services."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from specdec.engine import MAX_NUM_SPECULATIVE_TOKENS
+from specdec.errors import ConfigError
+
+SUPPORTED_METHODS = ("draft_model",)
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+# The embedded default pair of `specdec serve` with no model named.
+DEFAULT_TARGET = "smollm2-135m"
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``speculative_config`` keys for draft-model speculation."""
+
+    model: str
+    method: str = "draft_model"
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
+    use_heterogeneous_vocab: bool = False
+    draft_sample_method: str = "greedy"
+    max_model_len: int | None = None
+    revision: str | None = None
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_any(cls, value: "SpeculativeConfig | dict[str, Any] | str | None") -> "SpeculativeConfig | None":
+        """Accept a SpeculativeConfig, a dict, or a JSON string (as on the command line)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"speculative_config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"speculative_config must be a dict or JSON object, got {type(value).__name__}")
+        unknown = sorted(set(value) - set(cls.valid_keys()))
+        if unknown:
+            raise ConfigError(
+                f"unknown speculative_config key(s) {unknown}; valid keys are {cls.valid_keys()}"
+            )
+        if "model" not in value or not value["model"]:
+            raise ConfigError("speculative_config needs 'model': the draft model (name, folder, .gguf or hub id)")
+        cfg = cls(**value)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.method not in SUPPORTED_METHODS:
+            raise ConfigError(
+                f"speculative_config method {self.method!r} is not supported; specdec implements "
+                f"{list(SUPPORTED_METHODS)}"
+            )
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_NUM_SPECULATIVE_TOKENS:
+            raise ConfigError(
+                f"num_speculative_tokens must be an integer in [1, {MAX_NUM_SPECULATIVE_TOKENS}], got {k!r}"
+            )
+        if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            raise ConfigError(
+                f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, got {self.draft_sample_method!r}"
+            )
+        if not isinstance(self.use_heterogeneous_vocab, bool):
+            raise ConfigError("use_heterogeneous_vocab must be true or false")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+
+
+def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draft_name: str, cfg: SpeculativeConfig) -> None:
+    """Same tokenizer, or heterogeneous vocabulary explicitly requested."""
+    if target_fp == draft_fp:
+        return
+    if not cfg.use_heterogeneous_vocab:
+        raise ConfigError(
+            f"draft {draft_name!r} and target {target_name!r} have different vocabularies (tokenizer "
+            f"fingerprints {draft_fp} vs {target_fp}); set \"use_heterogeneous_vocab\": true in "
+            "speculative_config to draft through Token-Level Intersection"
+        )
+    raise ConfigError(
+        "use_heterogeneous_vocab (Token-Level Intersection) is not implemented in this version of specdec yet; "
+        "use a draft that shares the target's tokenizer"
+    )

