@@ -1,0 +1,45 @@
+"""``specdec`` command line. Each subcommand lives in its own module and is imported lazily."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, help). The module provides add_arguments(parser) and run(args) -> int.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("specdec.cli_generate", "generate offline with the LLM API (prints text and speculation stats)"),
+    "distill": ("specdec.distill", "train a small draft for a target by knowledge distillation"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    from specdec.errors import SpecDecError
+
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except SpecDecError as exc:  # a user's mistake: one clear line, no stack trace
+        print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
