@@ -1,0 +1,36 @@
+from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("sequence_id", "start_position", "new_token_ids", "draft_token_ids", "draft_probs", "sampling_params")
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    sequence_id: str
+    start_position: int
+    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
+    sampling_params: _common_pb2.SamplingParams
+    def __init__(self, sequence_id: _Optional[str] = ..., start_position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("num_accepted_tokens", "bonus_token_id", "recovered_token_id", "sequence_length")
+    NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BONUS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    num_accepted_tokens: int
+    bonus_token_id: int
+    recovered_token_id: int
+    sequence_length: int
+    def __init__(self, num_accepted_tokens: _Optional[int] = ..., bonus_token_id: _Optional[int] = ..., recovered_token_id: _Optional[int] = ..., sequence_length: _Optional[int] = ...) -> None: ...
