@@ -3,8 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-if [ -f requirements-test-extra.txt ]; then
-  python -m pip install --quiet --no-deps -r requirements-test-extra.txt
+if [ -f requirements-tli-test.txt ]; then
+  python -m pip install --quiet --no-deps -r requirements-tli-test.txt
 fi
 set +e
 python -m pytest tests "$@"

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
-from specdec.kv_cache import SequenceKVCache
+from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
+from specdec.kv_cache import BatchKVView, SequenceKVCache
 from specdec.models import LoadedModel
 from specdec.rejection import greedy_accept, rejection_sample
 from specdec.sampling import SamplingParams, make_generator, process_logits, sample
@@ -148,6 +148,85 @@ class ModelRunner:
         logits = out.logits[0, -num_logits:].float()  # [num_logits, model_vocab]
         return self._align_vocab(logits)
 
+    @torch.inference_mode()
+    def forward_batch(
+        self, seqs: list[_Sequence], new_token_ids: list[list[int]], num_logits: list[int]
+    ) -> list[torch.Tensor]:
+        """Several sequences in ONE forward pass (padded); same results as ``forward`` row by row.
+
+        Sequences with an empty cache (a prompt's first pass) run on their own: a padded batch
+        needs every row's cache allocated, and a prefill gains nothing from batching anyway.
+        """
+        results: list[torch.Tensor | None] = [None] * len(seqs)
+        rows = []
+        for i, (seq, new) in enumerate(zip(seqs, new_token_ids)):
+            if seq.cache.length == 0 or len(seqs) == 1:
+                results[i] = self.forward(seq, new, num_logits[i])
+            else:
+                rows.append(i)
+        if len(rows) == 1:
+            i = rows[0]
+            results[i] = self.forward(seqs[i], new_token_ids[i], num_logits[i])
+        elif rows:
+            for i, logits in zip(rows, self._forward_padded([seqs[i] for i in rows], [new_token_ids[i] for i in rows],
+                                                             [num_logits[i] for i in rows])):
+                results[i] = logits
+        return results  # type: ignore[return-value]
+
+    def _forward_padded(self, seqs: list[_Sequence], new_token_ids: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
+        device = self.lm.device
+        lengths = [len(n) for n in new_token_ids]
+        width = max(lengths)
+        starts = [s.cache.length for s in seqs]
+        for start, n in zip(starts, lengths):
+            if start + n > self.max_model_len:
+                raise InvalidRequestError(
+                    f"sequence of {start + n} tokens exceeds max_model_len={self.max_model_len}", param="max_model_len"
+                )
+        view = BatchKVView([s.cache for s in seqs], width)
+        input_ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [batch, width]
+        for row, new in enumerate(new_token_ids):
+            input_ids[row, : len(new)] = torch.tensor(new, dtype=torch.long)
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)  # [batch, width]
+        out = self.lm.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=self._padded_masks(positions, max(starts) + width),
+            use_cache=True,
+            **{self._cache_kwarg: view},
+        )
+        view.scatter_back([s.cache for s in seqs], lengths)
+        results = []
+        for row, (seq, new, n_logits) in enumerate(zip(seqs, new_token_ids, num_logits)):
+            seq.tokens.extend(new)
+            logits = out.logits[row, len(new) - n_logits : len(new)].float()  # [n_logits, model_vocab]
+            results.append(self._align_vocab(logits))
+        return results
+
+    def _padded_masks(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Additive masks [batch, 1, width, kv_len]: query at position p sees keys at positions <= p
+        (and > p - window on sliding-window layers)."""
+        cfg = self.lm.model.config.get_text_config()
+        dtype = self.lm.model.dtype
+        kv = torch.arange(kv_len, device=positions.device)
+        q = positions[:, None, :, None]  # [batch, 1, width, 1]
+
+        def additive(allowed: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
+
+        causal = kv <= q
+        window = getattr(cfg, "sliding_window", None)
+        layer_types = getattr(cfg, "layer_types", None)
+        if layer_types and window:
+            masks = {"full_attention": additive(causal)}
+            if "sliding_attention" in layer_types:
+                masks["sliding_attention"] = additive(causal & (kv > q - window))
+            return masks
+        if window and getattr(cfg, "use_sliding_window", True):
+            return additive(causal & (kv > q - window))
+        return additive(causal)
+
     def _align_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         v, target_v = logits.shape[-1], self.logits_vocab_size
         if v == target_v:
@@ -158,40 +237,89 @@ class ModelRunner:
         return torch.cat([logits, pad], dim=-1)
 
 
+@dataclass
+class ProposeCall:
+    sequence_id: str
+    token_ids: list[int]  # the sequence's full committed history
+    num_speculative_tokens: int
+    params: SamplingParams
+    draft_sample_method: str | None = None  # None: the worker's default
+
+
+@dataclass
+class VerifyCall:
+    sequence_id: str
+    token_ids: list[int]  # the sequence's full committed history
+    proposal: Proposal
+    params: SamplingParams
+
+
+def _per_call(calls, prepare):
+    """Run ``prepare`` per call; collect (index, prepared) or the call's own domain error."""
+    results: list = [None] * len(calls)
+    prepared = []
+    seen: set[str] = set()
+    for i, call in enumerate(calls):
+        try:
+            if call.sequence_id in seen:
+                raise InvalidRequestError(f"sequence {call.sequence_id!r} appears twice in one batch", param="sequence_id")
+            seen.add(call.sequence_id)
+            prepared.append((i, *prepare(call)))
+        except SpecDecError as exc:
+            results[i] = exc
+    return results, prepared
+
+
 class DraftWorker:
-    """Proposes k tokens per call by k autoregressive steps of the draft model."""
+    """Proposes k tokens per sequence by k autoregressive steps of the draft model, batched across
+    sequences (each step is one forward pass over every sequence still drafting)."""
 
     def __init__(self, runner: ModelRunner, draft_sample_method: str = "greedy"):
-        if draft_sample_method not in ("greedy", "probabilistic"):
-            raise InvalidRequestError(
-                f"draft_sample_method must be 'greedy' or 'probabilistic', got {draft_sample_method!r}",
-                param="draft_sample_method",
-            )
+        check_draft_sample_method(draft_sample_method)
         self.runner = runner
         self.draft_sample_method = draft_sample_method
 
-    def propose(
-        self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams
-    ) -> Proposal:
-        k = num_speculative_tokens
+    def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
+        (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | SpecDecError]:
         runner = self.runner
         with runner.lock:
-            seq = runner.get_or_create(sequence_id, params.seed)
-            probabilistic = self.draft_sample_method == "probabilistic" and not params.greedy
-            logits = runner.forward(seq, runner.sync(seq, token_ids))[-1]  # [vocab]
-            draft_token_ids: list[int] = []
-            draft_probs: list[torch.Tensor] = []
-            for i in range(k):
-                if probabilistic:
-                    q = process_logits(logits, params)  # [vocab]
-                    token = int(sample(q, seq.generator))
-                    draft_probs.append(q)
-                else:
-                    token = int(logits.argmax())
-                draft_token_ids.append(token)
-                if i + 1 < k:
-                    logits = runner.forward(seq, [token])[-1]
-        return Proposal(draft_token_ids, torch.stack(draft_probs) if draft_probs else None)
+
+            def prepare(call: ProposeCall):
+                method = call.draft_sample_method or self.draft_sample_method
+                check_draft_sample_method(method)
+                seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                return call, seq, runner.sync(seq, call.token_ids), method == "probabilistic" and not call.params.greedy
+
+            results, rows = _per_call(calls, prepare)
+            rows = [r for r in rows if r[1].num_speculative_tokens > 0 or results.__setitem__(r[0], Proposal([]))]
+            if not rows:
+                return results
+            logits = runner.forward_batch([r[2] for r in rows], [r[3] for r in rows], [1] * len(rows))
+            drafts: list[list[int]] = [[] for _ in rows]
+            qs: list[list[torch.Tensor]] = [[] for _ in rows]
+            active = list(range(len(rows)))
+            while active:
+                for j, row_logits in zip(active, logits):
+                    _, call, seq, _, probabilistic = rows[j]
+                    last = row_logits[-1]  # [vocab]
+                    if probabilistic:
+                        q = process_logits(last, call.params)  # [vocab]
+                        drafts[j].append(int(sample(q, seq.generator)))
+                        qs[j].append(q)
+                    else:
+                        drafts[j].append(int(last.argmax()))
+                active = [j for j in active if len(drafts[j]) < rows[j][1].num_speculative_tokens]
+                if active:  # the last draft token is not fed: the next round's sync feeds it if kept
+                    logits = runner.forward_batch([rows[j][2] for j in active], [[drafts[j][-1]] for j in active],
+                                                  [1] * len(active))
+            for j, (i, *_rest) in enumerate(rows):
+                results[i] = Proposal(drafts[j], torch.stack(qs[j]) if qs[j] else None)
+        return results
 
     def release(self, sequence_id: str) -> None:
         with self.runner.lock:
@@ -199,35 +327,78 @@ class DraftWorker:
 
 
 class TargetWorker:
-    """Scores the drafts and the bonus position in ONE forward pass, accepts, rolls back."""
+    """Scores each sequence's drafts and bonus position in ONE forward pass (one pass for the whole
+    batch of sequences), accepts, and rolls the rejected tail back by moving the cache pointer."""
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
 
-    def verify(
-        self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams
-    ) -> VerifyResult:
-        draft = proposal.draft_token_ids
-        k = len(draft)
+    def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
+        (result,) = self.verify_batch([VerifyCall(sequence_id, token_ids, proposal, params)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def verify_batch(self, calls: list[VerifyCall]) -> list[VerifyResult | SpecDecError]:
         runner = self.runner
         with runner.lock:
-            seq = runner.get_or_create(sequence_id, params.seed)
-            logits = runner.forward(seq, runner.sync(seq, token_ids) + draft, num_logits=k + 1)  # [k+1, vocab]
-            draft_t = torch.tensor(draft, dtype=torch.long)
-            if params.greedy:
-                n, next_token = greedy_accept(draft_t, logits.argmax(-1))
-            else:
-                target_probs = process_logits(logits, params)  # [k+1, vocab]
-                n, next_token = rejection_sample(draft_t, proposal.draft_probs, target_probs, seq.generator)
-            # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
-            keep = len(token_ids) + n
-            seq.cache.truncate(keep)
-            del seq.tokens[keep:]
+
+            def prepare(call: VerifyCall):
+                check_proposal(call.proposal, runner.logits_vocab_size)
+                seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                return call, seq, runner.sync(seq, call.token_ids) + call.proposal.draft_token_ids
+
+            results, rows = _per_call(calls, prepare)
+            if rows:
+                all_logits = runner.forward_batch(
+                    [r[2] for r in rows], [r[3] for r in rows], [len(r[1].proposal.draft_token_ids) + 1 for r in rows]
+                )
+                for (i, call, seq, _), logits in zip(rows, all_logits):
+                    results[i] = self._accept(call, seq, logits)
+        return results
+
+    def _accept(self, call: VerifyCall, seq: _Sequence, logits: torch.Tensor) -> VerifyResult:
+        """logits: [k + 1, vocab] — the target after each draft prefix."""
+        draft = torch.tensor(call.proposal.draft_token_ids, dtype=torch.long)
+        if call.params.greedy:
+            n, next_token = greedy_accept(draft, logits.argmax(-1))
+        else:
+            target_probs = process_logits(logits, call.params)  # [k + 1, vocab]
+            n, next_token = rejection_sample(draft, call.proposal.draft_probs, target_probs, seq.generator)
+        # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
+        keep = len(call.token_ids) + n
+        seq.cache.truncate(keep)
+        del seq.tokens[keep:]
         return VerifyResult(n, next_token)
 
     def release(self, sequence_id: str) -> None:
         with self.runner.lock:
             self.runner.release(sequence_id)
+
+
+def check_draft_sample_method(method: str) -> None:
+    if method not in ("greedy", "probabilistic"):
+        raise InvalidRequestError(
+            f"draft_sample_method must be 'greedy' or 'probabilistic', got {method!r}", param="draft_sample_method"
+        )
+
+
+def check_proposal(proposal: Proposal, vocab_size: int) -> None:
+    k = len(proposal.draft_token_ids)
+    if k > MAX_NUM_SPECULATIVE_TOKENS:
+        raise InvalidRequestError(
+            f"{k} draft tokens; at most {MAX_NUM_SPECULATIVE_TOKENS} (num_speculative_tokens) per call",
+            param="draft_token_ids",
+        )
+    bad = [t for t in proposal.draft_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"draft token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
+                                  param="draft_token_ids")
+    if proposal.draft_probs is not None and tuple(proposal.draft_probs.shape) != (k, vocab_size):
+        raise InvalidRequestError(
+            f"draft_probs has shape {tuple(proposal.draft_probs.shape)}, expected ({k}, {vocab_size})",
+            param="draft_probs",
+        )
 
 
 def check_num_speculative_tokens(k: int) -> None:

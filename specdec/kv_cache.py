@@ -96,3 +96,73 @@ class SequenceKVCache(Cache):
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
+
+
+class _BatchLayer(CacheLayerMixin):
+    """One layer of a padded batch view: rows are sequences with different cached lengths."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, starts: list[int]):
+        super().__init__()
+        self.keys, self.values, self.starts = keys, values, starts
+        self.is_initialized = True
+        self.device = keys.device
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # pragma: no cover - built initialised
+        raise AssertionError("batch layers are built initialised")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        for row, start in enumerate(self.starts):
+            self.keys[row, :, start : start + n] = key_states[row]
+            self.values[row, :, start : start + n] = value_states[row]
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[-2], 0
+
+    def get_seq_length(self) -> int:
+        return min(self.starts)
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[-2]
+
+
+class BatchKVView(Cache):
+    """A padded ``[batch, heads, length, dim]`` copy of several sequences' caches for one forward pass.
+
+    Row ``i`` holds sequence ``i``'s cached positions ``[0, starts[i])``; the pass writes its new
+    keys/values at ``[starts[i], starts[i] + n)``. ``scatter_back`` copies the real new entries into
+    each sequence's own cache. The caller supplies the attention mask (padding differs per row).
+    """
+
+    def __init__(self, caches: list[SequenceKVCache], num_new: int):
+        starts = [c.length for c in caches]
+        length = max(starts) + num_new
+        layers = []
+        for li in range(len(caches[0].layers)):
+            ref = caches[0].layers[li]
+            if not ref.is_initialized:
+                raise ValueError("BatchKVView needs caches that hold at least one token")
+            shape = (len(caches), ref.keys.shape[1], length, ref.keys.shape[-1])
+            keys = ref.keys.new_zeros(shape)
+            values = ref.values.new_zeros((*shape[:3], ref.values.shape[-1]))
+            for row, cache in enumerate(caches):
+                layer = cache.layers[li]
+                keys[row, :, : layer.length] = layer.keys[0, :, : layer.length]
+                values[row, :, : layer.length] = layer.values[0, :, : layer.length]
+            layers.append(_BatchLayer(keys, values, starts))
+        super().__init__(layers=layers)
+        self.starts = starts
+
+    def scatter_back(self, caches: list[SequenceKVCache], num_new: list[int]) -> None:
+        for li, blayer in enumerate(self.layers):
+            for row, cache in enumerate(caches):
+                layer = cache.layers[li]
+                start, end = self.starts[row], self.starts[row] + num_new[row]
+                layer._reserve(end)
+                layer.keys[0, :, start:end] = blayer.keys[row, :, start:end]
+                layer.values[0, :, start:end] = blayer.values[row, :, start:end]
+                layer.length = end
