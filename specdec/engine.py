@@ -274,10 +274,13 @@ class DraftWorker:
     """Proposes k tokens per sequence by k autoregressive steps of the draft model, batched across
     sequences (each step is one forward pass over every sequence still drafting)."""
 
-    def __init__(self, runner: ModelRunner, draft_sample_method: str = "greedy"):
+    def __init__(self, runner: ModelRunner, draft_sample_method: str = "greedy", top_n: int | None = None):
         check_draft_sample_method(draft_sample_method)
         self.runner = runner
         self.draft_sample_method = draft_sample_method
+        # Probabilistic drafting samples from the renormalised top-N of q, so q travels sparsely;
+        # still lossless: the target's rejection step only needs the q that was sampled from.
+        self.top_n = top_n
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
         (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])
@@ -308,7 +311,7 @@ class DraftWorker:
                     _, call, seq, _, probabilistic = rows[j]
                     last = row_logits[-1]  # [vocab]
                     if probabilistic:
-                        q = process_logits(last, call.params)  # [vocab]
+                        q = truncate_top_n(process_logits(last, call.params), self.top_n)  # [vocab]
                         drafts[j].append(int(sample(q, seq.generator)))
                         qs[j].append(q)
                     else:
@@ -374,6 +377,16 @@ class TargetWorker:
     def release(self, sequence_id: str) -> None:
         with self.runner.lock:
             self.runner.release(sequence_id)
+
+
+def truncate_top_n(probs: torch.Tensor, top_n: int | None) -> torch.Tensor:
+    """Keep the top_n most likely tokens of ``probs`` [vocab], renormalised (None/0: unchanged)."""
+    if not top_n or top_n >= probs.shape[-1]:
+        return probs
+    values, idx = torch.topk(probs, top_n)
+    out = torch.zeros_like(probs)
+    out[idx] = values / values.sum()
+    return out
 
 
 def check_draft_sample_method(method: str) -> None:

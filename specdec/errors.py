@@ -30,3 +30,7 @@ class SequenceNotFoundError(SpecDecError, KeyError):
 
 class ResourceExhaustedError(SpecDecError):
     """A cache cap was reached: RESOURCE_EXHAUSTED / HTTP 429."""
+
+
+class BackendUnavailableError(SpecDecError):
+    """A draft or target service cannot be reached: UNAVAILABLE / HTTP 503."""

@@ -271,3 +271,11 @@ def load_model(
         device=torch.device(device),
         eos_token_ids=frozenset(eos),
     )
+
+
+def load_tokenizer(name: str, revision: str | None = None) -> Any:
+    """The tokenizer of a model name (same resolution as load_model, weights untouched)."""
+    from transformers import AutoTokenizer
+
+    path, kwargs = resolve_model_path(name, revision)
+    return AutoTokenizer.from_pretrained(path, **kwargs)

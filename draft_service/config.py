@@ -1,0 +1,17 @@
+"""Draft service settings: every field is a flag (--max-batch-size) and an env var (SPECDEC_DRAFT_MAX_BATCH_SIZE)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.backend import BackendConfig
+
+ENV_PREFIX = "SPECDEC_DRAFT"
+
+
+@dataclass
+class DraftServiceConfig(BackendConfig):
+    host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
+    port: int = field(default=50051, metadata={"help": "gRPC port (0: any free port)"})
+    draft_sample_method: str = field(default="greedy", metadata={"help": "greedy or probabilistic (default when a request leaves it unspecified)"})
+    draft_top_n: int = field(default=256, metadata={"help": "probabilistic drafting samples from the renormalised top-N (0: full vocabulary); q is sent sparsely"})

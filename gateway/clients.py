@@ -1,0 +1,174 @@
+"""gRPC clients of the draft and target services, with the worker interface the loop expects.
+
+Each client remembers how much of each sequence's committed history the service holds and sends
+only the rest. A service that lost the sequence answers NOT_FOUND and gets the whole history; an
+unavailable service (restart) is retried until ``retry_seconds`` run out. Losing a cache costs a
+recompute, never correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from specdec.engine import Proposal, VerifyResult
+from specdec.errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    ResourceExhaustedError,
+    SequenceNotFoundError,
+)
+from specdec.grpc_utils import probs_from_proto, probs_to_proto, sampling_to_proto
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2, draft_service_pb2, draft_service_pb2_grpc, target_service_pb2, target_service_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+_DRAFT_METHODS = {
+    "greedy": draft_service_pb2.DRAFT_SAMPLE_METHOD_GREEDY,
+    "probabilistic": draft_service_pb2.DRAFT_SAMPLE_METHOD_PROBABILISTIC,
+}
+
+
+def _domain_error(role: str, err: grpc.RpcError) -> Exception:
+    code, msg = err.code(), f"{role} service: {err.details()}"
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(msg)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhaustedError(msg)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return SequenceNotFoundError(msg)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return TimeoutError(msg)
+    return BackendUnavailableError(f"{msg} ({code.name})")
+
+
+class _RemoteBackend:
+    role = "backend"
+
+    def __init__(self, address: str, retry_seconds: float = 60.0):
+        self.address = address
+        self.channel = grpc.insecure_channel(
+            address,
+            options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                     ("grpc.max_send_message_length", 64 * 1024 * 1024)],
+        )
+        self.retry_seconds = retry_seconds
+        self._held: dict[str, int] = {}  # sequence id -> committed tokens the service holds
+        self._lock = threading.Lock()
+        self._deadlines: dict[str, float] = {}  # sequence id -> the request's deadline (monotonic)
+
+    def set_deadline(self, sequence_id: str, deadline: float | None) -> None:
+        """Propagate the client's deadline: every call for this sequence gets the time left."""
+        if deadline is not None:
+            self._deadlines[sequence_id] = deadline
+
+    def _timeout(self, sequence_id: str) -> float | None:
+        deadline = self._deadlines.get(sequence_id)
+        if deadline is None:
+            return None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"{self.role} service: the request's deadline passed")
+        return remaining
+
+    def _call(self, rpc, make_request: Callable[[int, list[int]], object], sequence_id: str, token_ids: list[int]):
+        with self._lock:
+            start = self._held.get(sequence_id, 0)
+        start = min(start, len(token_ids))
+        give_up = time.monotonic() + self.retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                response = rpc(make_request(start, token_ids[start:]), timeout=self._timeout(sequence_id))
+                with self._lock:
+                    self._held[sequence_id] = len(token_ids)
+                return response
+            except grpc.RpcError as err:
+                code = err.code()
+                if code == grpc.StatusCode.NOT_FOUND and start > 0:
+                    logger.info("%s lost sequence %s; resending its %d tokens", self.role, sequence_id, len(token_ids))
+                    start = 0
+                    continue
+                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < give_up:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                raise _domain_error(self.role, err) from None
+
+    def release(self, sequence_id: str) -> None:
+        with self._lock:
+            held = self._held.pop(sequence_id, None)
+            self._deadlines.pop(sequence_id, None)
+        if held is None:
+            return
+        try:
+            self._stub.ReleaseSequence(common_pb2.ReleaseSequenceRequest(sequence_id=sequence_id), timeout=5)
+        except grpc.RpcError as err:  # the idle-expiry on the service cleans up eventually
+            logger.warning("%s: release of %s failed: %s", self.role, sequence_id, err.code().name)
+
+    def get_info(self, timeout: float) -> common_pb2.ModelInfo:
+        """Wait (up to timeout) until the service is loaded and answers GetInfo."""
+        give_up = time.monotonic() + timeout
+        while True:
+            try:
+                return self._stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10).info
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or time.monotonic() > give_up:
+                    raise BackendUnavailableError(
+                        f"{self.role} service at {self.address} did not answer GetInfo: {err.code().name} {err.details()}"
+                    ) from None
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class RemoteDraft(_RemoteBackend):
+    role = "draft"
+
+    def __init__(self, address: str, draft_sample_method: str = "greedy", retry_seconds: float = 60.0):
+        super().__init__(address, retry_seconds)
+        self._stub = draft_service_pb2_grpc.DraftServiceStub(self.channel)
+        self.draft_sample_method = _DRAFT_METHODS[draft_sample_method]
+        self.vocab_size = 0  # set at start-up from the TARGET's info: q rows are over target ids
+
+    def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
+        sampling = sampling_to_proto(params)
+
+        def make(start: int, new: list[int]):
+            return draft_service_pb2.ProposeRequest(
+                sequence_id=sequence_id, start_position=start, new_token_ids=new,
+                num_speculative_tokens=num_speculative_tokens, sampling_params=sampling,
+                draft_sample_method=self.draft_sample_method,
+            )
+
+        resp = self._call(self._stub.Propose, make, sequence_id, token_ids)
+        draft = list(resp.draft_token_ids)
+        return Proposal(draft, probs_from_proto(resp.draft_probs, len(draft), self.vocab_size))
+
+
+class RemoteTarget(_RemoteBackend):
+    role = "target"
+
+    def __init__(self, address: str, retry_seconds: float = 60.0):
+        super().__init__(address, retry_seconds)
+        self._stub = target_service_pb2_grpc.TargetServiceStub(self.channel)
+
+    def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
+        sampling = sampling_to_proto(params)
+        probs = probs_to_proto(proposal.draft_probs)
+
+        def make(start: int, new: list[int]):
+            return target_service_pb2.VerifyRequest(
+                sequence_id=sequence_id, start_position=start, new_token_ids=new,
+                draft_token_ids=proposal.draft_token_ids, draft_probs=probs, sampling_params=sampling,
+            )
+
+        resp = self._call(self._stub.Verify, make, sequence_id, token_ids)
+        next_token = resp.bonus_token_id if resp.WhichOneof("next_token") == "bonus_token_id" else resp.recovered_token_id
+        return VerifyResult(resp.num_accepted_tokens, next_token)

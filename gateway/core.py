@@ -1,0 +1,118 @@
+"""The gateway's request handling, shared by its gRPC and HTTP front ends (no protobuf here)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gateway.clients import RemoteDraft, RemoteTarget
+from gateway.config import GatewayConfig
+from specdec.config import SpeculativeConfig, check_vocab_compatible
+from specdec.decoding import decode
+from specdec.engine import check_num_speculative_tokens
+from specdec.errors import ConfigError, InvalidRequestError
+from specdec.models import load_tokenizer
+from specdec.sampling import SamplingParams
+from specdec.sequence import SequenceState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Delta:
+    """What one speculative round added to a sequence."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool
+
+
+class Gateway:
+    """Owns each request's canonical token sequence and runs the speculative loop over the services."""
+
+    def __init__(self, config: GatewayConfig):
+        check_num_speculative_tokens(config.num_speculative_tokens)
+        self.config = config
+        self.target = RemoteTarget(config.target_addr, config.backend_timeout_seconds)
+        self.draft = (RemoteDraft(config.draft_addr, config.draft_sample_method, config.backend_timeout_seconds)
+                      if config.draft_addr else None)
+        self.target_info = self.target.get_info(config.startup_timeout_seconds)
+        self.draft_info = self.draft.get_info(config.startup_timeout_seconds) if self.draft else None
+        self._check_pair()
+        self.tokenizer = load_tokenizer(config.tokenizer or self.target_info.model_name)
+        self.eos_token_ids = frozenset(self.target_info.eos_token_ids)
+        limits = [self.target_info.max_model_len] + ([self.draft_info.max_model_len] if self.draft_info else [])
+        self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
+
+    def _check_pair(self) -> None:
+        t, d = self.target_info, self.draft_info
+        if d is None:
+            return
+        cfg = SpeculativeConfig(model=d.model_name, num_speculative_tokens=self.config.num_speculative_tokens,
+                                use_heterogeneous_vocab=self.config.use_heterogeneous_vocab,
+                                draft_sample_method=self.config.draft_sample_method)
+        check_vocab_compatible(t.tokenizer_fingerprint, d.tokenizer_fingerprint, t.model_name, d.model_name, cfg)
+        k = self.config.num_speculative_tokens
+        if k > min(t.max_num_speculative_tokens, d.max_num_speculative_tokens):
+            raise ConfigError(f"num_speculative_tokens={k} exceeds what the services accept "
+                              f"(target {t.max_num_speculative_tokens}, draft {d.max_num_speculative_tokens})")
+        self.draft.vocab_size = t.vocab_size
+        logger.info("serving target %s with draft %s, k=%d", t.model_name, d.model_name, k)
+
+    @property
+    def model_name(self) -> str:
+        return self.target_info.model_name
+
+    # -- requests ------------------------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt).input_ids)
+
+    def new_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> SequenceState:
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}, which leaves "
+                "no room to generate; shorten the prompt", param="prompt")
+        vocab = self.target_info.vocab_size
+        bad = [t for t in prompt_token_ids if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt_token_ids")
+        seq = SequenceState(prompt_token_ids=list(prompt_token_ids), params=params, tokenizer=self.tokenizer,
+                            eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
+        if request_id:
+            seq.sequence_id = f"{request_id}-{seq.sequence_id[:8]}"
+        return seq
+
+    def resolve_k(self, k: int | None) -> int:
+        if k is None:
+            return self.config.num_speculative_tokens
+        check_num_speculative_tokens(k)
+        return k
+
+    def stream(self, seq: SequenceState, k: int | None = None, deadline: float | None = None) -> Iterator[Delta]:
+        """Run the loop; yield what each round added. Closing the iterator releases both caches."""
+        k = self.resolve_k(k)
+        for client in (self.target, self.draft):
+            if client is not None:
+                client.set_deadline(seq.sequence_id, deadline)
+        rounds = decode(self.draft, self.target, seq, k)
+        seen = 0
+        try:
+            for text in rounds:
+                new_ids = seq.output_token_ids[seen:]
+                seen = len(seq.output_token_ids)
+                yield Delta(text, new_ids, seq.finished)
+        finally:
+            rounds.close()
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft:
+            self.draft.close()
+
+
+def deadline_from_timeout(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout

@@ -1,0 +1,92 @@
+"""GenerationService servicer: protobuf ↔ Gateway, nothing more."""
+
+from __future__ import annotations
+
+import grpc
+
+from gateway.config import GatewayConfig
+from gateway.core import Gateway, deadline_from_timeout
+from specdec.errors import InvalidRequestError
+from specdec.grpc_utils import ServerHandle, map_errors, map_stream_errors, sampling_from_proto, start_server, time_remaining
+from specdec.sequence import SequenceState
+from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
+_FINISH = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+
+
+def _stats(seq: SequenceState) -> common_pb2.SpecDecodeStats:
+    s = seq.stats
+    return common_pb2.SpecDecodeStats(
+        num_drafts=s.num_drafts, num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
+        num_target_passes=s.num_target_passes, acceptance_rate=s.acceptance_rate,
+        mean_acceptance_length=s.mean_acceptance_length,
+    )
+
+
+class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+
+    def _sequence(self, request: pb.GenerateRequest) -> SequenceState:
+        if request.prompt and request.prompt_token_ids:
+            raise InvalidRequestError("give either prompt or prompt_token_ids, not both", param="prompt")
+        params = sampling_from_proto(
+            request.sampling_params,
+            max_tokens=request.max_tokens if request.HasField("max_tokens") else None,
+            stop=list(request.stop),
+            stop_token_ids=list(request.stop_token_ids),
+            ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+        )
+        if request.HasField("max_tokens") and request.max_tokens == 0:
+            raise InvalidRequestError("max_tokens must be >= 1 (leave it unset for no limit)", param="max_tokens")
+        ids = list(request.prompt_token_ids) or self.gateway.tokenize(request.prompt)
+        return self.gateway.new_sequence(ids, params, request.request_id or None)
+
+    @map_stream_errors
+    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
+        seq = self._sequence(request)
+        k = request.num_speculative_tokens if request.HasField("num_speculative_tokens") else None
+        stream = self.gateway.stream(seq, k, deadline_from_timeout(time_remaining(context)))
+        request_id = request.request_id or seq.sequence_id
+        try:
+            for delta in stream:
+                if not context.is_active():  # the client went away: stop, free both caches
+                    break
+                yield pb.GenerateResponse(
+                    request_id=request_id,
+                    text=delta.text,
+                    token_ids=delta.token_ids,
+                    finish_reason=_FINISH[seq.finish_reason if delta.finished else None],
+                    stop_reason="" if seq.stop_reason is None else str(seq.stop_reason),
+                    stats=_stats(seq),
+                    prompt_tokens=len(seq.prompt_token_ids),
+                    completion_tokens=len(seq.output_token_ids),
+                )
+        finally:
+            stream.close()
+
+    @map_errors
+    def GetInfo(self, request, context):
+        g = self.gateway
+        return pb.GetServingInfoResponse(
+            target=g.target_info,
+            draft=g.draft_info,
+            num_speculative_tokens=g.config.num_speculative_tokens if g.draft else 0,
+            draft_sample_method=g.config.draft_sample_method if g.draft else "",
+        )
+
+
+def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> ServerHandle:
+    """Connect to the backends (waiting for them), check the pair, and serve GenerationService."""
+    gateway = gateway or Gateway(config)
+    servicer = GenerationServicer(gateway)
+    handle = start_server(
+        lambda server: generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server),
+        [SERVICE_NAME], config.host, config.port, max_workers=config.max_concurrent_requests,
+    )
+    handle.backend = gateway
+    handle.on_stop.append(gateway.close)
+    handle.set_serving(True)
+    return handle

@@ -1,0 +1,169 @@
+"""What a draft or target service runs, minus gRPC: model, workers, batching, cache limits.
+
+The servicers translate protobuf to the calls here and back; nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from specdec.batching import ContinuousBatcher
+from specdec.engine import (
+    MAX_NUM_SPECULATIVE_TOKENS,
+    DraftWorker,
+    ModelRunner,
+    Proposal,
+    ProposeCall,
+    TargetWorker,
+    VerifyCall,
+    VerifyResult,
+)
+from specdec.errors import InvalidRequestError, SequenceNotFoundError
+from specdec.llm import model_max_len
+from specdec.models import LoadedModel, dtype_name, load_model
+from specdec.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BackendConfig:
+    """Settings both services share (each service's config carries these fields)."""
+
+    model: str = field(default="smollm2-135m", metadata={"help": "model: built-in name, HF folder, .gguf or hub id"})
+    revision: str | None = field(default=None, metadata={"help": "hub revision"})
+    dtype: str = field(default="auto", metadata={"help": "float32 (auto on CPU) or bfloat16"})
+    device: str = field(default="cpu", metadata={"help": "torch device"})
+    max_model_len: int | None = field(default=None, metadata={"help": "max tokens per sequence (default: the model's)"})
+    max_sequences: int = field(default=256, metadata={"help": "cap on cached sequences (RESOURCE_EXHAUSTED past it)"})
+    sequence_ttl_seconds: float = field(default=600.0, metadata={"help": "idle sequences are evicted after this"})
+    max_batch_size: int = field(default=16, metadata={"help": "max sequences per batched forward pass"})
+
+
+class Backend:
+    """A loaded model serving Propose (draft) or Verify (target) through a continuous batcher."""
+
+    def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
+                 draft_top_n: int | None = None):
+        if role not in ("draft", "target"):
+            raise ValueError(role)
+        self.role = role
+        self.config = config
+        self.draft_sample_method = draft_sample_method
+        self.draft_top_n = draft_top_n
+        self.lm: LoadedModel | None = None
+        self.ready = threading.Event()
+        self._stop = threading.Event()
+        self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def load(self) -> None:
+        cfg = self.config
+        self.lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision)
+        limit = model_max_len(self.lm)
+        self.max_model_len = min(cfg.max_model_len or limit, limit)
+        self.runner = ModelRunner(self.lm, self.max_model_len, role=self.role, max_sequences=cfg.max_sequences)
+        if self.role == "draft":
+            self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n)
+            run = self.worker.propose_batch
+        else:
+            self.worker = TargetWorker(self.runner)
+            run = self.worker.verify_batch
+        self.batcher = ContinuousBatcher(run, cfg.max_batch_size, name=f"{self.role}-batcher", on_batch=self._record_batch)
+        self._warmup()
+        threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
+        self.ready.set()
+        logger.info("%s backend ready: %s (%s, vocab %d, max_model_len %d)", self.role, cfg.model,
+                    dtype_name(self.lm.dtype), self.lm.vocab_size, self.max_model_len)
+
+    def _warmup(self) -> None:
+        sid = f"__warmup_{self.role}__"
+        ids = self.lm.tokenizer("Hello, world").input_ids or [0]
+        params = SamplingParams(temperature=0, max_tokens=4)
+        if self.role == "draft":
+            self.worker.propose(sid, ids, 2, params)
+        else:
+            self.worker.verify(sid, ids, Proposal([ids[-1]]), params)
+        self.worker.release(sid)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.ready.is_set():
+            self.batcher.close()
+
+    def _record_batch(self, n: int) -> None:
+        self.batch_sizes.append(n)
+        del self.batch_sizes[:-1000]
+
+    def _evict_loop(self) -> None:
+        ttl = self.config.sequence_ttl_seconds
+        while not self._stop.wait(min(30.0, max(ttl / 4, 0.05))):
+            now = time.monotonic()
+            with self.runner.lock:
+                stale = [sid for sid, s in self.runner.sequences.items() if now - s.last_used > ttl]
+                for sid in stale:
+                    self.runner.release(sid)
+            if stale:
+                logger.info("%s: evicted %d idle sequence(s)", self.role, len(stale))
+
+    # -- requests ------------------------------------------------------------------------------------
+    def history(self, sequence_id: str, start_position: int, new_token_ids: list[int]) -> list[int]:
+        """The sequence's full token ids: the held prefix [0, start_position) + the new ones."""
+        if not sequence_id:
+            raise InvalidRequestError("sequence_id is empty", param="sequence_id")
+        vocab = self.lm.vocab_size
+        bad = [t for t in new_token_ids if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="new_token_ids")
+        if start_position == 0:
+            tokens = list(new_token_ids)
+        else:
+            with self.runner.lock:
+                seq = self.runner.sequences.get(sequence_id)
+                if seq is None or len(seq.tokens) < start_position:
+                    held = 0 if seq is None else len(seq.tokens)
+                    raise SequenceNotFoundError(
+                        f"{self.role}: sequence {sequence_id!r} holds {held} tokens, not the {start_position} the "
+                        "request builds on (restart or eviction); resend the whole history with start_position=0"
+                    )
+                tokens = seq.tokens[:start_position] + list(new_token_ids)
+        if not tokens:
+            raise InvalidRequestError("the sequence is empty: send at least one token", param="new_token_ids")
+        return tokens
+
+    def check_k(self, k: int) -> None:
+        if k > MAX_NUM_SPECULATIVE_TOKENS:
+            raise InvalidRequestError(
+                f"num_speculative_tokens={k} is above this service's maximum {MAX_NUM_SPECULATIVE_TOKENS}",
+                param="num_speculative_tokens",
+            )
+
+    def propose(self, call: ProposeCall, timeout: float | None = None) -> Proposal:
+        self.check_k(call.num_speculative_tokens)
+        return self.batcher(call, timeout)
+
+    def verify(self, call: VerifyCall, timeout: float | None = None) -> VerifyResult:
+        self.check_k(len(call.proposal.draft_token_ids))
+        return self.batcher(call, timeout)
+
+    def release(self, sequence_id: str) -> bool:
+        with self.runner.lock:
+            return self.runner.release(sequence_id)
+
+    def info(self) -> dict:
+        lm = self.lm
+        return {
+            "model_name": self.config.model,
+            "vocab_size": lm.vocab_size,
+            "tokenizer_fingerprint": lm.tokenizer_fingerprint,
+            "dtype": dtype_name(lm.dtype),
+            "device": str(lm.device),
+            "max_num_speculative_tokens": MAX_NUM_SPECULATIVE_TOKENS,
+            "max_model_len": self.max_model_len,
+            "eos_token_ids": sorted(lm.eos_token_ids),
+            "model_source": lm.source,
+            "max_sequences": self.config.max_sequences,
+        }

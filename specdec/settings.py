@@ -1,0 +1,95 @@
+"""Typed service configs settable by command-line flag and environment variable.
+
+Each service declares one dataclass; every field ``foo_bar`` becomes the flag ``--foo-bar`` whose
+default is read from ``SPECDEC_<SERVICE>_FOO_BAR`` (then the dataclass default). Flags win over
+environment variables, which win over defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, TypeVar
+
+C = TypeVar("C")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _base_type(tp: Any) -> tuple[type, bool]:
+    """(scalar type, optional?) for int / float / str / bool and their Optional forms."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _converter(tp: type, optional: bool):
+    base = _parse_bool if tp is bool else tp
+
+    def convert(text: str):
+        if optional and text.strip().lower() in ("", "none", "null"):
+            return None
+        try:
+            return base(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {tp.__name__}, got {text!r}") from None
+
+    return convert
+
+
+def env_name(prefix: str, field_name: str) -> str:
+    return f"{prefix}_{field_name.upper()}"
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, skip: tuple[str, ...] = ()) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        tp, optional = _base_type(hints[f.name])
+        env = env_name(env_prefix, f.name)
+        convert = _converter(tp, optional)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if env in os.environ:
+            try:
+                default = convert(os.environ[env])
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"{env}: {exc}")
+        help_text = f.metadata.get("help", "")
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=convert,
+            default=default,
+            metavar=tp.__name__.upper(),
+            help=f"{help_text} (env {env}; default {default!r})",
+        )
+
+
+def from_args(cls: type[C], args: argparse.Namespace) -> C:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def from_env(cls: type[C], env_prefix: str, **overrides: Any) -> C:
+    """Build a config from environment variables (and keyword overrides), e.g. in tests."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, cls, env_prefix)
+    args = parser.parse_args([])
+    for k, v in overrides.items():
+        setattr(args, k, v)
+    return from_args(cls, args)

@@ -1,0 +1,1 @@
+"""The target service: verifies draft tokens in one forward pass (gRPC TargetService)."""
