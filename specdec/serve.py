@@ -1,0 +1,136 @@
+"""``specdec serve [TARGET] --speculative-config '{...}'``: draft, target and gateway on this machine.
+
+Like ``vllm serve``. With no TARGET it serves the embedded default pair. The three parts are the
+same servers the containers run alone (``specdec draft-service`` / ``target-service`` / ``gateway``),
+started in one process here, the backends on loopback ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+from dataclasses import dataclass, field
+
+from specdec import settings
+from specdec.config import DEFAULT_TARGET, SpeculativeConfig, default_speculative_config
+from specdec.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+ENV_PREFIX = "SPECDEC_SERVE"
+
+
+@dataclass
+class ServeConfig:
+    model: str | None = field(default=None, metadata={"help": "target model (positional TARGET; default: the embedded default pair)"})
+    speculative_config: str | None = field(default=None, metadata={"help": "JSON: {\"method\": \"draft_model\", \"model\": DRAFT, \"num_speculative_tokens\": k, ...}"})
+    host: str = field(default="0.0.0.0", metadata={"help": "address the gateway binds"})
+    grpc_port: int = field(default=50050, metadata={"help": "gateway GenerationService gRPC port"})
+    seed: int = field(default=0, metadata={"help": "global random seed (requests without a seed)"})
+    max_model_len: int | None = field(default=None, metadata={"help": "cap on prompt + output tokens"})
+    dtype: str = field(default="auto", metadata={"help": "target dtype: float32 (auto on CPU) or bfloat16"})
+    draft_dtype: str | None = field(default=None, metadata={"help": "draft dtype (default: --dtype)"})
+    max_sequences: int = field(default=256, metadata={"help": "cached sequences per backend"})
+    max_batch_size: int = field(default=16, metadata={"help": "sequences per batched forward pass"})
+    speculative_model: str | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
+    num_speculative_tokens: int | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
+
+
+def resolve_speculative_config(cfg: ServeConfig) -> SpeculativeConfig | None:
+    if cfg.speculative_model is not None or cfg.num_speculative_tokens is not None:
+        warnings.warn("--speculative-model / --num-speculative-tokens are deprecated; use "
+                      "--speculative-config '{\"model\": ..., \"num_speculative_tokens\": ...}'", DeprecationWarning,
+                      stacklevel=2)
+        logger.warning("--speculative-model / --num-speculative-tokens are deprecated; use --speculative-config")
+        if cfg.speculative_config:
+            raise ConfigError("give either --speculative-config or the deprecated --speculative-model, not both")
+        if cfg.speculative_model is None:
+            raise ConfigError("--num-speculative-tokens needs --speculative-model (or use --speculative-config)")
+        legacy = {"model": cfg.speculative_model}
+        if cfg.num_speculative_tokens is not None:
+            legacy["num_speculative_tokens"] = cfg.num_speculative_tokens
+        return SpeculativeConfig.from_any(legacy)
+    if cfg.speculative_config:
+        return SpeculativeConfig.from_any(cfg.speculative_config)
+    if cfg.model is None:
+        default = default_speculative_config()
+        if default is None:
+            logger.warning("no embedded default draft is shipped: serving the target alone")
+        return SpeculativeConfig.from_any(default)
+    return None
+
+
+@dataclass
+class Stack:
+    """The three running servers of ``specdec serve``."""
+
+    target: object
+    draft: object | None
+    gateway: object
+
+    def stop(self, grace: float = 5.0) -> None:
+        for handle in (self.gateway, self.draft, self.target):
+            if handle is not None:
+                handle.stop(grace)
+
+
+def start_stack(cfg: ServeConfig) -> Stack:
+    from draft_service.config import DraftServiceConfig
+    from draft_service.server import create_server as create_draft
+    from gateway.config import GatewayConfig
+    from gateway.server import create_server as create_gateway
+    from target_service.config import TargetServiceConfig
+    from target_service.server import create_server as create_target
+
+    spec = resolve_speculative_config(cfg)
+    target_model = cfg.model or DEFAULT_TARGET
+    max_len = min(x for x in (cfg.max_model_len, spec.max_model_len if spec else None, 10**9) if x)
+    max_len = None if max_len == 10**9 else max_len
+    common = dict(max_model_len=max_len, max_sequences=cfg.max_sequences, max_batch_size=cfg.max_batch_size)
+    target = create_target(TargetServiceConfig(model=target_model, dtype=cfg.dtype, host="127.0.0.1", port=0, **common))
+    draft = None
+    try:
+        if spec is not None:
+            draft = create_draft(DraftServiceConfig(
+                model=spec.model, revision=spec.revision, dtype=cfg.draft_dtype or cfg.dtype, host="127.0.0.1", port=0,
+                draft_sample_method=spec.draft_sample_method, **common))
+        gateway = create_gateway(GatewayConfig(
+            draft_addr=f"127.0.0.1:{draft.port}" if draft else None,
+            target_addr=f"127.0.0.1:{target.port}",
+            host=cfg.host, port=cfg.grpc_port, max_model_len=max_len,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 1,
+            draft_sample_method=spec.draft_sample_method if spec else "greedy",
+            use_heterogeneous_vocab=spec.use_heterogeneous_vocab if spec else False,
+        ))
+    except BaseException:
+        for h in (draft, target):
+            if h is not None:
+                h.stop(0)
+        raise
+    return Stack(target, draft, gateway)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", nargs="?", default=None, help="target model (default: the embedded default pair)")
+    settings.add_arguments(p, ServeConfig, ENV_PREFIX, skip=("model",))
+
+
+def run(args: argparse.Namespace) -> int:
+    import random
+
+    import torch
+
+    from specdec.grpc_utils import serve_until_signal
+
+    cfg = settings.from_args(ServeConfig, args)
+    cfg.model = args.target or settings.from_env(ServeConfig, ENV_PREFIX).model
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    stack = start_stack(cfg)
+    logger.info("specdec serving: gateway gRPC on %s:%d (target on :%d, draft on %s)", cfg.host, stack.gateway.port,
+                stack.target.port, f":{stack.draft.port}" if stack.draft else "none")
+    try:
+        serve_until_signal(stack.gateway)
+    finally:
+        stack.stop()
+    return 0
