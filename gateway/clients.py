@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.engine import Proposal, VerifyResult
 from specdec.errors import (
@@ -123,6 +124,13 @@ class _RemoteBackend:
                         f"{self.role} service at {self.address} did not answer GetInfo: {err.code().name} {err.details()}"
                     ) from None
                 time.sleep(0.5)
+
+    def is_serving(self, timeout: float = 2.0) -> bool:
+        try:
+            resp = health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
 
     def close(self) -> None:
         self.channel.close()

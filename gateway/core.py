@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gateway.clients import RemoteDraft, RemoteTarget
@@ -92,8 +92,10 @@ class Gateway:
         check_num_speculative_tokens(k)
         return k
 
-    def stream(self, seq: SequenceState, k: int | None = None, deadline: float | None = None) -> Iterator[Delta]:
-        """Run the loop; yield what each round added. Closing the iterator releases both caches."""
+    def stream(self, seq: SequenceState, k: int | None = None, deadline: float | None = None,
+               cancelled: Callable[[], bool] | None = None) -> Iterator[Delta]:
+        """Run the loop; yield what each round added. Closing the iterator, or ``cancelled()``
+        turning true (checked every round), stops it and releases both services' caches."""
         k = self.resolve_k(k)
         for client in (self.target, self.draft):
             if client is not None:
@@ -102,11 +104,21 @@ class Gateway:
         seen = 0
         try:
             for text in rounds:
+                if cancelled is not None and cancelled():
+                    break
                 new_ids = seq.output_token_ids[seen:]
                 seen = len(seq.output_token_ids)
                 yield Delta(text, new_ids, seq.finished)
         finally:
             rounds.close()
+
+    def check_backends(self) -> list[str]:
+        """Problems with the backends (empty when both are reachable and SERVING)."""
+        problems = []
+        for client in (self.target, self.draft):
+            if client is not None and not client.is_serving():
+                problems.append(f"{client.role} service at {client.address} is not serving")
+        return problems
 
     def close(self) -> None:
         self.target.close()

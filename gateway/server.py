@@ -48,12 +48,11 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         seq = self._sequence(request)
         k = request.num_speculative_tokens if request.HasField("num_speculative_tokens") else None
-        stream = self.gateway.stream(seq, k, deadline_from_timeout(time_remaining(context)))
+        stream = self.gateway.stream(seq, k, deadline_from_timeout(time_remaining(context)),
+                                     cancelled=lambda: not context.is_active())
         request_id = request.request_id or seq.sequence_id
         try:
-            for delta in stream:
-                if not context.is_active():  # the client went away: stop, free both caches
-                    break
+            for delta in stream:  # a client that goes away stops it at the next round (cancelled)
                 yield pb.GenerateResponse(
                     request_id=request_id,
                     text=delta.text,
@@ -88,5 +87,13 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
     )
     handle.backend = gateway
     handle.on_stop.append(gateway.close)
+    if config.http_port is not None:
+        from gateway.http import HttpServer, create_app
+
+        app = create_app(gateway, api_key=config.api_key, served_model_name=config.served_model_name,
+                         request_timeout=config.request_timeout_seconds)
+        http = HttpServer(app, config.host, config.http_port)
+        handle.http_port = http.port
+        handle.on_stop.insert(0, http.stop)
     handle.set_serving(True)
     return handle

@@ -179,6 +179,7 @@ class ServerHandle:
     service_names: list[str]
     on_stop: list[Callable[[], None]]
     backend: Any = None  # the engine-side object the servicer wraps (tests inspect it)
+    http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when it serves one
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -25,6 +25,9 @@ class ServeConfig:
     model: str | None = field(default=None, metadata={"help": "target model (positional TARGET; default: the embedded default pair)"})
     speculative_config: str | None = field(default=None, metadata={"help": "JSON: {\"method\": \"draft_model\", \"model\": DRAFT, \"num_speculative_tokens\": k, ...}"})
     host: str = field(default="0.0.0.0", metadata={"help": "address the gateway binds"})
+    port: int = field(default=8000, metadata={"help": "OpenAI-compatible HTTP port (-1: no HTTP)"})
+    api_key: str | None = field(default=None, metadata={"help": "when set, /v1/* needs 'Authorization: Bearer <key>'"})
+    served_model_name: str | None = field(default=None, metadata={"help": "model id clients send (default: TARGET)"})
     grpc_port: int = field(default=50050, metadata={"help": "gateway GenerationService gRPC port"})
     seed: int = field(default=0, metadata={"help": "global random seed (requests without a seed)"})
     max_model_len: int | None = field(default=None, metadata={"help": "cap on prompt + output tokens"})
@@ -98,6 +101,8 @@ def start_stack(cfg: ServeConfig) -> Stack:
             draft_addr=f"127.0.0.1:{draft.port}" if draft else None,
             target_addr=f"127.0.0.1:{target.port}",
             host=cfg.host, port=cfg.grpc_port, max_model_len=max_len,
+            http_port=None if cfg.port < 0 else cfg.port, api_key=cfg.api_key,
+            served_model_name=cfg.served_model_name or target_model,
             num_speculative_tokens=spec.num_speculative_tokens if spec else 1,
             draft_sample_method=spec.draft_sample_method if spec else "greedy",
             use_heterogeneous_vocab=spec.use_heterogeneous_vocab if spec else False,
@@ -127,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     stack = start_stack(cfg)
-    logger.info("specdec serving: gateway gRPC on %s:%d (target on :%d, draft on %s)", cfg.host, stack.gateway.port,
-                stack.target.port, f":{stack.draft.port}" if stack.draft else "none")
+    logger.info("specdec serving: OpenAI HTTP on %s:%s, gateway gRPC on %s:%d (target on :%d, draft on %s)",
+                cfg.host, stack.gateway.http_port, cfg.host, stack.gateway.port, stack.target.port,
+                f":{stack.draft.port}" if stack.draft else "none")
     try:
         serve_until_signal(stack.gateway)
     finally:
