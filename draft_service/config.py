@@ -14,4 +14,5 @@ class DraftServiceConfig(BackendConfig):
     host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
     port: int = field(default=50051, metadata={"help": "gRPC port (0: any free port)"})
     draft_sample_method: str = field(default="greedy", metadata={"help": "greedy or probabilistic (default when a request leaves it unspecified)"})
+    target_tokenizer: str | None = field(default=None, metadata={"help": "the target's model/tokenizer, for a draft with another vocabulary (Token-Level Intersection): proposals are then in target ids"})
     draft_top_n: int = field(default=256, metadata={"help": "probabilistic drafting samples from the renormalised top-N (0: full vocabulary); q is sent sparsely"})

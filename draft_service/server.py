@@ -53,7 +53,7 @@ class DraftServicer(BackendServicerMixin, draft_service_pb2_grpc.DraftServiceSer
 def create_server(config: DraftServiceConfig, load_async: bool = False) -> ServerHandle:
     """Start a draft service on config.host:config.port (port 0 binds any free port)."""
     backend = Backend("draft", config, draft_sample_method=config.draft_sample_method,
-                      draft_top_n=config.draft_top_n or None)
+                      draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer)
     servicer = DraftServicer(backend)
     return start_backend_server(
         backend,

@@ -43,7 +43,9 @@ class Gateway:
         self._check_pair()
         self.tokenizer = load_tokenizer(config.tokenizer or self.target_info.model_name)
         self.eos_token_ids = frozenset(self.target_info.eos_token_ids)
-        limits = [self.target_info.max_model_len] + ([self.draft_info.max_model_len] if self.draft_info else [])
+        same_vocab = self.draft_info and self.draft_info.tokenizer_fingerprint == self.target_info.tokenizer_fingerprint
+        # A TLI draft counts its own tokens against its own limit; only a same-vocabulary draft caps the length.
+        limits = [self.target_info.max_model_len] + ([self.draft_info.max_model_len] if same_vocab else [])
         self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
 
     def _check_pair(self) -> None:
@@ -53,7 +55,12 @@ class Gateway:
         cfg = SpeculativeConfig(model=d.model_name, num_speculative_tokens=self.config.num_speculative_tokens,
                                 use_heterogeneous_vocab=self.config.use_heterogeneous_vocab,
                                 draft_sample_method=self.config.draft_sample_method)
-        check_vocab_compatible(t.tokenizer_fingerprint, d.tokenizer_fingerprint, t.model_name, d.model_name, cfg)
+        if check_vocab_compatible(t.tokenizer_fingerprint, d.tokenizer_fingerprint, t.model_name, d.model_name, cfg) \
+                and d.proposal_tokenizer_fingerprint != t.tokenizer_fingerprint:
+            raise ConfigError(
+                f"draft {d.model_name!r} has another vocabulary than target {t.model_name!r} and does not draft in "
+                f"target ids: start the draft service with --target-tokenizer {t.model_name!r} "
+                "(env SPECDEC_DRAFT_TARGET_TOKENIZER) to enable Token-Level Intersection")
         k = self.config.num_speculative_tokens
         if k > min(t.max_num_speculative_tokens, d.max_num_speculative_tokens):
             raise ConfigError(f"num_speculative_tokens={k} exceeds what the services accept "

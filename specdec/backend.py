@@ -47,13 +47,15 @@ class Backend:
     """A loaded model serving Propose (draft) or Verify (target) through a continuous batcher."""
 
     def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
-                 draft_top_n: int | None = None):
+                 draft_top_n: int | None = None, target_tokenizer: str | None = None):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
         self.config = config
         self.draft_sample_method = draft_sample_method
         self.draft_top_n = draft_top_n
+        self.target_tokenizer = target_tokenizer
+        self.tli = None
         self.lm: LoadedModel | None = None
         self.ready = threading.Event()
         self._stop = threading.Event()
@@ -67,7 +69,8 @@ class Backend:
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         self.runner = ModelRunner(self.lm, self.max_model_len, role=self.role, max_sequences=cfg.max_sequences)
         if self.role == "draft":
-            self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n)
+            self.tli = self._tli_adapter()
+            self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)
             run = self.worker.propose_batch
         else:
             self.worker = TargetWorker(self.runner)
@@ -78,6 +81,19 @@ class Backend:
         self.ready.set()
         logger.info("%s backend ready: %s (%s, vocab %d, max_model_len %d)", self.role, cfg.model,
                     dtype_name(self.lm.dtype), self.lm.vocab_size, self.max_model_len)
+
+    def _tli_adapter(self):
+        """A TLI adapter when the target's tokenizer is given and differs from the draft's."""
+        if not self.target_tokenizer:
+            return None
+        from specdec.models import load_tokenizer, tokenizer_fingerprint
+        from specdec.tli.adapter import TLIAdapter
+
+        target_tok = load_tokenizer(self.target_tokenizer)
+        if tokenizer_fingerprint(target_tok) == self.lm.tokenizer_fingerprint:
+            return None
+        # Target ids can be as large as the target tokenizer (its padded logits are never needed here).
+        return TLIAdapter(self.lm.tokenizer, target_tok, max(len(target_tok), target_tok.vocab_size))
 
     def _warmup(self) -> None:
         sid = f"__warmup_{self.role}__"
@@ -114,7 +130,7 @@ class Backend:
         """The sequence's full token ids: the held prefix [0, start_position) + the new ones."""
         if not sequence_id:
             raise InvalidRequestError("sequence_id is empty", param="sequence_id")
-        vocab = self.lm.vocab_size
+        vocab = self.tli.target_vocab_size if self.tli else self.lm.vocab_size  # ids arrive in target ids
         bad = [t for t in new_token_ids if t >= vocab]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="new_token_ids")
@@ -166,4 +182,5 @@ class Backend:
             "eos_token_ids": sorted(lm.eos_token_ids),
             "model_source": lm.source,
             "max_sequences": self.config.max_sequences,
+            "proposal_tokenizer_fingerprint": self.tli.target_fingerprint if self.tli else lm.tokenizer_fingerprint,
         }

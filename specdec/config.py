@@ -77,20 +77,17 @@ class SpeculativeConfig:
             raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
 
 
-def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draft_name: str, cfg: SpeculativeConfig) -> None:
-    """Same tokenizer, or heterogeneous vocabulary explicitly requested."""
+def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draft_name: str, cfg: SpeculativeConfig) -> bool:
+    """Same tokenizer (False), or a heterogeneous vocabulary explicitly requested (True: use TLI)."""
     if target_fp == draft_fp:
-        return
+        return False
     if not cfg.use_heterogeneous_vocab:
         raise ConfigError(
             f"draft {draft_name!r} and target {target_name!r} have different vocabularies (tokenizer "
             f"fingerprints {draft_fp} vs {target_fp}); set \"use_heterogeneous_vocab\": true in "
             "speculative_config to draft through Token-Level Intersection"
         )
-    raise ConfigError(
-        "use_heterogeneous_vocab (Token-Level Intersection) is not implemented in this version of specdec yet; "
-        "use a draft that shares the target's tokenizer"
-    )
+    return True
 
 
 def default_draft_path():

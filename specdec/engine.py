@@ -13,6 +13,7 @@ import inspect
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -46,6 +47,7 @@ class _Sequence:
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)  # the tokens whose KV is in `cache`
     last_used: float = field(default_factory=time.monotonic)
+    vocab_state: dict = field(default_factory=dict)  # a TLI draft's re-tokenized context
 
 
 def _derive_seed(seed: int | None, role: str) -> int | None:
@@ -274,10 +276,14 @@ class DraftWorker:
     """Proposes k tokens per sequence by k autoregressive steps of the draft model, batched across
     sequences (each step is one forward pass over every sequence still drafting)."""
 
-    def __init__(self, runner: ModelRunner, draft_sample_method: str = "greedy", top_n: int | None = None):
+    def __init__(self, runner: ModelRunner, draft_sample_method: str = "greedy", top_n: int | None = None,
+                 tli: Any = None):
         check_draft_sample_method(draft_sample_method)
         self.runner = runner
         self.draft_sample_method = draft_sample_method
+        # Token-Level Intersection (specdec.tli.TLIAdapter) when the draft's vocabulary differs:
+        # it reads re-tokenized text, drafts intersection tokens only, and proposes target ids.
+        self.tli = tli
         # Probabilistic drafting samples from the renormalised top-N of q, so q travels sparsely;
         # still lossless: the target's rejection step only needs the q that was sampled from.
         self.top_n = top_n
@@ -296,24 +302,26 @@ class DraftWorker:
                 method = call.draft_sample_method or self.draft_sample_method
                 check_draft_sample_method(method)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
-                return call, seq, runner.sync(seq, call.token_ids), method == "probabilistic" and not call.params.greedy
+                history = self.tli.draft_history(seq.vocab_state, call.token_ids) if self.tli else call.token_ids
+                return call, seq, runner.sync(seq, history), method == "probabilistic" and not call.params.greedy
 
             results, rows = _per_call(calls, prepare)
             rows = [r for r in rows if r[1].num_speculative_tokens > 0 or results.__setitem__(r[0], Proposal([]))]
             if not rows:
                 return results
             logits = runner.forward_batch([r[2] for r in rows], [r[3] for r in rows], [1] * len(rows))
-            drafts: list[list[int]] = [[] for _ in rows]
+            tli = self.tli
+            drafts: list[list[int]] = [[] for _ in rows]  # draft-model ids (fed back to the draft)
             qs: list[list[torch.Tensor]] = [[] for _ in rows]
             active = list(range(len(rows)))
             while active:
                 for j, row_logits in zip(active, logits):
                     _, call, seq, _, probabilistic = rows[j]
-                    last = row_logits[-1]  # [vocab]
+                    last = row_logits[-1] if tli is None else tli.restrict(row_logits[-1])  # [vocab]
                     if probabilistic:
                         q = truncate_top_n(process_logits(last, call.params), self.top_n)  # [vocab]
                         drafts[j].append(int(sample(q, seq.generator)))
-                        qs[j].append(q)
+                        qs[j].append(q if tli is None else tli.q_to_target(q))
                     else:
                         drafts[j].append(int(last.argmax()))
                 active = [j for j in active if len(drafts[j]) < rows[j][1].num_speculative_tokens]
@@ -321,7 +329,8 @@ class DraftWorker:
                     logits = runner.forward_batch([rows[j][2] for j in active], [[drafts[j][-1]] for j in active],
                                                   [1] * len(active))
             for j, (i, *_rest) in enumerate(rows):
-                results[i] = Proposal(drafts[j], torch.stack(qs[j]) if qs[j] else None)
+                proposed = drafts[j] if tli is None else [tli.to_target(t) for t in drafts[j]]
+                results[i] = Proposal(proposed, torch.stack(qs[j]) if qs[j] else None)
         return results
 
     def release(self, sequence_id: str) -> None:

@@ -101,17 +101,23 @@ class LLM:
         if self.speculative_config is not None:
             cfg = self.speculative_config
             self.draft = load_model(cfg.model, dtype=draft_dtype or dtype, device=device, revision=cfg.revision)
-            check_vocab_compatible(
+            heterogeneous = check_vocab_compatible(
                 self.target.tokenizer_fingerprint, self.draft.tokenizer_fingerprint, self.target.name, cfg.model, cfg
             )
             if cfg.max_model_len is not None:
                 self.max_model_len = min(self.max_model_len, cfg.max_model_len)
-            self.max_model_len = min(self.max_model_len, model_max_len(self.draft))
+            if not heterogeneous:  # with TLI the draft counts its own tokens against its own limit
+                self.max_model_len = min(self.max_model_len, model_max_len(self.draft))
             self._target_worker.runner.max_model_len = self.max_model_len
-            draft_runner = ModelRunner(
-                self.draft, self.max_model_len, role="draft", logits_vocab_size=self.target.vocab_size
-            )
-            self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method)
+            tli = None
+            if heterogeneous:
+                from specdec.tli.adapter import TLIAdapter
+
+                tli = TLIAdapter(self.draft.tokenizer, self.target.tokenizer, self.target.vocab_size)
+            # With TLI the draft keeps its own logits; the adapter maps proposals to target ids.
+            draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
+                                       logits_vocab_size=None if tli else self.target.vocab_size)
+            self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
 
     @property
     def num_speculative_tokens(self) -> int:

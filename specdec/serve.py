@@ -96,7 +96,8 @@ def start_stack(cfg: ServeConfig) -> Stack:
         if spec is not None:
             draft = create_draft(DraftServiceConfig(
                 model=spec.model, revision=spec.revision, dtype=cfg.draft_dtype or cfg.dtype, host="127.0.0.1", port=0,
-                draft_sample_method=spec.draft_sample_method, **common))
+                draft_sample_method=spec.draft_sample_method,
+                target_tokenizer=target_model if spec.use_heterogeneous_vocab else None, **common))
         gateway = create_gateway(GatewayConfig(
             draft_addr=f"127.0.0.1:{draft.port}" if draft else None,
             target_addr=f"127.0.0.1:{target.port}",
