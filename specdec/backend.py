@@ -139,13 +139,15 @@ class Backend:
         else:
             with self.runner.lock:
                 seq = self.runner.sequences.get(sequence_id)
-                if seq is None or len(seq.tokens) < start_position:
-                    held = 0 if seq is None else len(seq.tokens)
+                # A TLI draft caches its own ids; the history it was sent (target ids) is kept beside them.
+                held_ids = [] if seq is None else seq.vocab_state.get("target_ids", []) if self.tli else seq.tokens
+                if seq is None or len(held_ids) < start_position:
+                    held = len(held_ids)
                     raise SequenceNotFoundError(
                         f"{self.role}: sequence {sequence_id!r} holds {held} tokens, not the {start_position} the "
                         "request builds on (restart or eviction); resend the whole history with start_position=0"
                     )
-                tokens = seq.tokens[:start_position] + list(new_token_ids)
+                tokens = held_ids[:start_position] + list(new_token_ids)
         if not tokens:
             raise InvalidRequestError("the sequence is empty: send at least one token", param="new_token_ids")
         return tokens
