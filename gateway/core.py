@@ -84,9 +84,9 @@ class Gateway:
                 f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}, which leaves "
                 "no room to generate; shorten the prompt", param="prompt")
         vocab = self.target_info.vocab_size
-        bad = [t for t in prompt_token_ids if t >= vocab]
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt_token_ids")
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
         seq = SequenceState(prompt_token_ids=list(prompt_token_ids), params=params, tokenizer=self.tokenizer,
                             eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
         if request_id:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -38,6 +39,7 @@ from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
 
 logger = logging.getLogger(__name__)
+_TYPE_NAME = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
 
 
 # -- request bodies (OpenAI's fields; unknown fields are accepted and ignored, as OpenAI does) --------
@@ -50,7 +52,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)  # extension (vLLM's)
+    top_k: int = Field(default=0, ge=-1, lt=2**31)  # extension (vLLM's)
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -124,7 +126,8 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", []) if x != "body"]
+        # drop "body" and the type names pydantic appends for union fields ("stop.str")
+        loc = [str(x) for x in first.get("loc", []) if x != "body" and not _TYPE_NAME.match(str(x))]
         param = ".".join(loc) or None
         return error_response(400, f"invalid parameter {param}: {first.get('msg', 'invalid request')}",
                               "invalid_request_error", param)
@@ -141,6 +144,10 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
 
     @app.exception_handler(SpecDecError)
     async def on_domain_error(_request: Request, exc: SpecDecError):
+        return domain_error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_request: Request, exc: Exception):  # still OpenAI-shaped, and logged
         return domain_error_response(exc)
 
     @app.exception_handler(TimeoutError)
@@ -171,8 +178,10 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
     def check_request(body: _Common) -> None:
         if body.model is not None and body.model != model_name:
             raise _NotFound(f"the model {body.model!r} does not exist; this server serves {model_name!r}")
-        if body.presence_penalty or body.frequency_penalty:
-            raise InvalidRequestError("presence_penalty and frequency_penalty are not supported", param="presence_penalty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name):
+                raise InvalidRequestError(f"{name} is not supported (only 0)", param=name)
+        gateway.resolve_k(body.num_speculative_tokens)  # a bad k is a 400 before any stream starts
         if body.logprobs not in (None, False, 0):
             raise InvalidRequestError("logprobs are not supported", param="logprobs")
 

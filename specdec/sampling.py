@@ -45,7 +45,7 @@ class SamplingParams:
             raise bad("temperature", f"must be >= 0 (0 means greedy), got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not isinstance(self.top_k, int) or not -1 <= self.top_k < 2**31:
             raise bad("top_k", f"must be an integer >= 1, or 0/-1 to disable, got {self.top_k!r}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
