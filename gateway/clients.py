@@ -45,7 +45,9 @@ def _domain_error(role: str, err: grpc.RpcError) -> Exception:
         return SequenceNotFoundError(msg)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return TimeoutError(msg)
-    return BackendUnavailableError(f"{msg} ({code.name})")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return BackendUnavailableError(f"{msg} ({code.name})")
+    return RuntimeError(f"{msg} ({code.name})")
 
 
 class _RemoteBackend:

@@ -38,9 +38,13 @@ class Gateway:
         self.target = RemoteTarget(config.target_addr, config.backend_timeout_seconds)
         self.draft = (RemoteDraft(config.draft_addr, config.draft_sample_method, config.backend_timeout_seconds)
                       if config.draft_addr else None)
-        self.target_info = self.target.get_info(config.startup_timeout_seconds)
-        self.draft_info = self.draft.get_info(config.startup_timeout_seconds) if self.draft else None
-        self._check_pair()
+        try:
+            self.target_info = self.target.get_info(config.startup_timeout_seconds)
+            self.draft_info = self.draft.get_info(config.startup_timeout_seconds) if self.draft else None
+            self._check_pair()
+        except BaseException:
+            self.close()
+            raise
         self.tokenizer = load_tokenizer(config.tokenizer or self.target_info.model_name)
         self.eos_token_ids = frozenset(self.target_info.eos_token_ids)
         same_vocab = self.draft_info and self.draft_info.tokenizer_fingerprint == self.target_info.tokenizer_fingerprint

@@ -65,6 +65,8 @@ class Backend:
     def load(self) -> None:
         cfg = self.config
         self.lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision)
+        if self._stop.is_set():  # the service was stopped while the model loaded
+            return
         limit = model_max_len(self.lm)
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         self.runner = ModelRunner(self.lm, self.max_model_len, role=self.role, max_sequences=cfg.max_sequences)

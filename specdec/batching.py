@@ -46,13 +46,25 @@ class ContinuousBatcher(Generic[T, R]):
         return fut
 
     def __call__(self, item: T, timeout: float | None = None) -> R:
-        return self.submit(item).result(timeout)
+        fut = self.submit(item)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()  # still queued: it will not run (and not re-create a released sequence)
+            raise
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._queue.put(_STOP)
             self._thread.join(timeout=30)
+            while True:  # anything submitted while closing: answer it rather than leave it hanging
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _STOP and item[1].set_running_or_notify_cancel():
+                    item[1].set_exception(RuntimeError("batcher is closed"))
 
     def _loop(self) -> None:
         while True:

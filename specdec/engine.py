@@ -137,6 +137,7 @@ class ModelRunner:
                 f"sequence of {end} tokens exceeds max_model_len={self.max_model_len}", param="max_model_len"
             )
         device = self.lm.device
+        self._check_ids(new_token_ids)
         input_ids = torch.tensor([new_token_ids], dtype=torch.long, device=device)  # [1, n]
         positions = torch.arange(start, end, device=device).unsqueeze(0)  # [1, n]
         out = self.lm.model(
@@ -185,6 +186,8 @@ class ModelRunner:
                 raise InvalidRequestError(
                     f"sequence of {start + n} tokens exceeds max_model_len={self.max_model_len}", param="max_model_len"
                 )
+        for new in new_token_ids:
+            self._check_ids(new)
         view = BatchKVView([s.cache for s in seqs], width)
         input_ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [batch, width]
         for row, new in enumerate(new_token_ids):
@@ -228,6 +231,13 @@ class ModelRunner:
         if window and getattr(cfg, "use_sliding_window", True):
             return additive(causal & (kv > q - window))
         return additive(causal)
+
+    def _check_ids(self, token_ids: list[int]) -> None:
+        limit = self.lm.model.get_input_embeddings().num_embeddings
+        if token_ids and not 0 <= min(token_ids) <= max(token_ids) < limit:
+            bad = [t for t in token_ids if not 0 <= t < limit][:5]
+            raise InvalidRequestError(f"{self.role}: token ids {bad} are outside this model's vocabulary [0, {limit})",
+                                      param="prompt")
 
     def _align_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         v, target_v = logits.shape[-1], self.logits_vocab_size
@@ -366,7 +376,10 @@ class TargetWorker:
                     [r[2] for r in rows], [r[3] for r in rows], [len(r[1].proposal.draft_token_ids) + 1 for r in rows]
                 )
                 for (i, call, seq, _), logits in zip(rows, all_logits):
-                    results[i] = self._accept(call, seq, logits)
+                    try:
+                        results[i] = self._accept(call, seq, logits)
+                    except SpecDecError as exc:  # one row's error stays with that row
+                        results[i] = exc
         return results
 
     def _accept(self, call: VerifyCall, seq: _Sequence, logits: torch.Tensor) -> VerifyResult:
@@ -416,11 +429,17 @@ def check_proposal(proposal: Proposal, vocab_size: int) -> None:
     if bad:
         raise InvalidRequestError(f"draft token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
                                   param="draft_token_ids")
-    if proposal.draft_probs is not None and tuple(proposal.draft_probs.shape) != (k, vocab_size):
-        raise InvalidRequestError(
-            f"draft_probs has shape {tuple(proposal.draft_probs.shape)}, expected ({k}, {vocab_size})",
-            param="draft_probs",
-        )
+    q = proposal.draft_probs
+    if q is not None:
+        if tuple(q.shape) != (k, vocab_size):
+            raise InvalidRequestError(f"draft_probs has shape {tuple(q.shape)}, expected ({k}, {vocab_size})",
+                                      param="draft_probs")
+        if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+            raise InvalidRequestError("draft_probs must be finite and non-negative", param="draft_probs")
+        drafted = q[torch.arange(k), torch.tensor(proposal.draft_token_ids, dtype=torch.long)]
+        if bool((drafted <= 0).any()):
+            raise InvalidRequestError("draft_probs gives probability 0 to a drafted token: q must be the "
+                                      "distribution each draft token was sampled from", param="draft_probs")
 
 
 def check_num_speculative_tokens(k: int) -> None:

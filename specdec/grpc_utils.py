@@ -92,7 +92,7 @@ def map_stream_errors(method: Callable) -> Callable:
 
 def require_ready(ready: threading.Event, context: grpc.ServicerContext) -> None:
     if not ready.is_set():
-        context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry shortly")
+        raise BackendUnavailableError("the model is still loading; retry shortly")
 
 
 def time_remaining(context: grpc.ServicerContext) -> float | None:
@@ -214,8 +214,13 @@ def start_server(
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:  # grpcio raises on a busy port
+        server.stop(0)
+        raise OSError(f"could not bind {host}:{port}: {exc}") from None
     if bound == 0:
+        server.stop(0)
         raise OSError(f"could not bind {host}:{port}")
     server.start()
     handle = ServerHandle(server, bound, health_servicer, service_names, [])
@@ -250,7 +255,8 @@ def start_backend_server(backend, register, service_names: list[str], host: str,
         except Exception:
             logger.exception("loading the model failed; the service stays NOT_SERVING")
             raise
-        handle.set_serving(True)
+        if backend.ready.is_set():
+            handle.set_serving(True)
 
     if load_async:
         threading.Thread(target=load, name="model-load", daemon=True).start()

@@ -120,6 +120,14 @@ class LLM:
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
 
     @property
+    def token_id_limit(self) -> int:
+        """Valid token ids are below this: the tokenizer's size, and both models' embeddings."""
+        limits = [self.target.vocab_size, len(self.target.tokenizer)]
+        if self.draft is not None and self._draft_worker.tli is None:
+            limits.append(self.draft.vocab_size)
+        return min(limits)
+
+    @property
     def num_speculative_tokens(self) -> int:
         return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
 
@@ -145,7 +153,7 @@ class LLM:
                 f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}, which leaves no room "
                 "to generate", param="prompt"
             )
-        vocab = self.target.vocab_size
+        vocab = self.token_id_limit
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")

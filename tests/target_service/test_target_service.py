@@ -1,0 +1,427 @@
+"""TargetService over real gRPC: Verify semantics, errors, caps, release, expiry, health, reflection."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import grpc
+import pytest
+
+import specdec.backend
+from specdec.v1 import common_pb2, target_service_pb2, target_service_pb2_grpc
+from target_service.server import SERVICE_NAME
+from tests.services_conftest_helpers import (
+    NOT_SERVING,
+    PROMPTS,
+    SERVING,
+    health_status,
+    offline_greedy,
+    release,
+    rpc_error,
+    run_in_thread,
+    verify_request,
+    wait_until,
+)
+
+VOCAB = 49152
+MAX_SEQUENCES = 3
+
+
+@pytest.fixture(scope="module")
+def target(servers, target_dir):
+    return servers.target(target_dir, max_sequences=MAX_SEQUENCES)
+
+
+@pytest.fixture(scope="module")
+def channel(target):
+    with grpc.insecure_channel(f"127.0.0.1:{target.port}") as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    return target_service_pb2_grpc.TargetServiceStub(channel)
+
+
+@pytest.fixture
+def clean(target, stub):
+    """Every test starts and ends with an empty cache table."""
+    assert not target.backend.runner.sequences
+    yield
+    for sid in list(target.backend.runner.sequences):
+        release(stub, sid)
+
+
+@pytest.fixture(scope="module")
+def ref(tokenizer, target_llm):
+    ids = tokenizer(PROMPTS[0]).input_ids
+    return ids, offline_greedy(target_llm, PROMPTS[0], 10)[1]
+
+
+def _verify(stub, *args, **kw) -> target_service_pb2.VerifyResponse:
+    return stub.Verify(verify_request(*args, **kw), timeout=30)
+
+
+def _next_token(resp) -> tuple[str, int]:
+    which = resp.WhichOneof("next_token")
+    return which, getattr(resp, which)
+
+
+def _ok_request(stub, ref) -> None:
+    """A normal request still succeeds (and is released)."""
+    ids, out = ref
+    resp = _verify(stub, "still-ok", ids, draft_token_ids=out[:2])
+    assert resp.num_accepted_tokens == 2 and _next_token(resp) == ("bonus_token_id", out[2])
+    assert release(stub, "still-ok")
+
+
+# --------------------------------------------------------------------------------------------------
+# health, reflection, info
+
+
+def test_health_is_serving_after_synchronous_start(target, channel):
+    assert health_status(channel) == SERVING
+    assert health_status(channel, SERVICE_NAME) == SERVING == health_status(channel, "specdec.v1.TargetService")
+
+
+def test_reflection_lists_the_services(channel):
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    db = ProtoReflectionDescriptorDatabase(channel)
+    services = set(db.get_services())
+    assert {"specdec.v1.TargetService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
+    fd = db.FindFileContainingSymbol("specdec.v1.TargetService")
+    assert fd.package == "specdec.v1" and "TargetService" in [s.name for s in fd.service]
+    assert {"Verify", "ReleaseSequence", "GetInfo"} == {m.name for m in fd.service[0].method}
+
+
+def test_get_info(stub, target_dir, tokenizer):
+    info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10).info
+    assert info.model_name == str(target_dir) and info.model_source == str(target_dir)
+    assert info.vocab_size == VOCAB and info.dtype == "float32" and info.device == "cpu"
+    assert info.max_model_len == 256 and info.max_sequences == MAX_SEQUENCES
+    assert tokenizer.eos_token_id in info.eos_token_ids
+    assert info.max_num_speculative_tokens == 16 and len(info.tokenizer_fingerprint) == 32
+
+
+# --------------------------------------------------------------------------------------------------
+# Verify semantics
+
+
+def test_verify_accepts_and_rejects_like_the_target_alone(stub, target, ref, clean):
+    ids, out = ref
+    n = len(ids)
+    # no drafts: plain decoding of one token
+    r = _verify(stub, "s", ids)
+    assert (r.num_accepted_tokens, _next_token(r), r.sequence_length) == (0, ("bonus_token_id", out[0]), n)
+    # the target's own continuation as drafts: all accepted + the bonus token
+    r = _verify(stub, "s", [out[0]], start_position=n, draft_token_ids=out[1:4])
+    assert (r.num_accepted_tokens, _next_token(r), r.sequence_length) == (3, ("bonus_token_id", out[4]), n + 4)
+    # one right draft, then a wrong one: rejection there and the target's token instead
+    wrong = (out[6] + 1) % VOCAB
+    r = _verify(stub, "s", out[1:5], start_position=n + 1, draft_token_ids=[out[5], wrong, out[7]])
+    assert (r.num_accepted_tokens, _next_token(r), r.sequence_length) == (1, ("recovered_token_id", out[6]), n + 6)
+    # the service holds the committed history (rejected drafts were rolled back)
+    assert target.backend.runner.sequences["s"].tokens == ids + out[:6]
+    assert release(stub, "s") and not release(stub, "s")
+
+
+def test_verify_seeded_sampling_is_reproducible(stub, ref, clean):
+    ids, out = ref
+
+    def run(sid):
+        r = _verify(stub, sid, ids, draft_token_ids=out[:4], temperature=1.0, seed=7)
+        return r.num_accepted_tokens, _next_token(r)
+
+    assert run("a") == run("b")
+    assert release(stub, "a") and release(stub, "b")
+
+
+# --------------------------------------------------------------------------------------------------
+# errors
+
+
+def test_unknown_sequence_is_not_found_and_says_to_resend(stub, ref, clean):
+    ids, _ = ref
+    err = rpc_error(lambda: _verify(stub, "never-seen", ids[-1:], start_position=len(ids) - 1))
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    assert "resend" in err.details() and "start_position=0" in err.details() and "never-seen" in err.details()
+    # resending the whole history works
+    r = _verify(stub, "never-seen", ids)
+    assert r.sequence_length == len(ids)
+    _ok_request(stub, ref)
+
+
+def test_start_position_beyond_what_is_held_is_not_found(stub, ref, clean):
+    ids, _ = ref
+    _verify(stub, "short", ids[:2])
+    err = rpc_error(lambda: _verify(stub, "short", ids[3:], start_position=3))
+    assert err.code() == grpc.StatusCode.NOT_FOUND and "holds 2 tokens" in err.details()
+
+
+def test_too_many_draft_tokens_is_invalid_argument(stub, ref, clean):
+    ids, out = ref
+    err = rpc_error(lambda: _verify(stub, "k", ids, draft_token_ids=[out[0]] * 17))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "17" in err.details() and "num_speculative_tokens" in err.details()
+    _ok_request(stub, ref)
+
+
+def _dist(token_ids=(), probs=()):
+    return common_pb2.TokenDistribution(token_ids=list(token_ids), probs=list(probs))
+
+
+MALFORMED_PROBS = {
+    "fewer rows than drafts": lambda t: [_dist([t[0]], [1.0])],
+    "ids and probs differ in length": lambda t: [_dist([t[0], 5], [1.0]), _dist([t[1]], [1.0])],
+    "token outside the vocabulary": lambda t: [_dist([t[0], VOCAB + 1], [0.5, 0.5]), _dist([t[1]], [1.0])],
+    "dense row longer than the vocabulary": lambda t: [_dist(probs=[1.0 / (VOCAB + 1)] * (VOCAB + 1)),
+                                                        _dist([t[1]], [1.0])],
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_PROBS)
+def test_malformed_draft_probs_is_invalid_argument(stub, ref, clean, case):
+    ids, out = ref
+    drafts = out[:2]
+    err = rpc_error(lambda: _verify(stub, "p", ids, draft_token_ids=drafts, draft_probs=MALFORMED_PROBS[case](drafts),
+                                    temperature=1.0, seed=1))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "draft_probs" in err.details()
+    _ok_request(stub, ref)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -0.5])
+def test_non_finite_or_negative_draft_probs_is_invalid_argument(stub, ref, clean, value):
+    """q must be a probability distribution. BUG: NaN/inf reach torch.multinomial (INTERNAL), a
+    negative q(x) is silently accepted."""
+    ids, out = ref
+    probs = [_dist([out[0], 7], [value, 0.5])]
+    err = rpc_error(lambda: _verify(stub, "nan", ids, draft_token_ids=out[:1], draft_probs=probs,
+                                    temperature=1.0, seed=3))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
+    assert "draft_probs" in err.details()
+    _ok_request(stub, ref)
+
+
+@pytest.mark.parametrize(("field", "value", "word"), [
+    ("new_token_ids", [VOCAB + 3], "vocabulary"),
+    ("draft_token_ids", [VOCAB + 3], "vocabulary"),
+    ("sequence_id", "", "sequence_id"),
+])
+def test_invalid_ids_are_invalid_argument(stub, ref, clean, field, value, word):
+    ids, out = ref
+    kw = {"sequence_id": "ids", "new_token_ids": ids, "draft_token_ids": out[:1]}
+    kw[field] = value
+    err = rpc_error(lambda: _verify(stub, **kw))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and word in err.details()
+    _ok_request(stub, ref)
+
+
+def test_empty_history_is_invalid_argument(stub, ref, clean):
+    err = rpc_error(lambda: _verify(stub, "empty", []))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "empty" in err.details()
+    _ok_request(stub, ref)
+
+
+def test_sequence_longer_than_max_model_len_is_invalid_argument(stub, ref, clean):
+    ids, out = ref
+    err = rpc_error(lambda: _verify(stub, "long", (ids * 256)[:254], draft_token_ids=out[:4]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_model_len=256" in err.details()
+    _ok_request(stub, ref)
+
+
+def test_max_sequences_is_resource_exhausted_until_one_is_released(stub, target, ref, clean):
+    ids, _ = ref
+    for i in range(MAX_SEQUENCES):
+        _verify(stub, f"cap{i}", ids)
+    err = rpc_error(lambda: _verify(stub, "one-too-many", ids))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(MAX_SEQUENCES) in err.details() and "max_sequences" in err.details()
+    # held sequences keep working at the cap
+    assert _verify(stub, "cap0", [], start_position=len(ids)).sequence_length == len(ids)
+    assert release(stub, "cap1")
+    assert _verify(stub, "one-too-many", ids).sequence_length == len(ids)
+
+
+# --------------------------------------------------------------------------------------------------
+# batching isolation and cancellation (library bugs are documented in the assertion messages)
+
+
+class BatcherGate:
+    """Holds the backend's batcher inside a batch until ``open()`` so that the next calls queue up
+    and run together as ONE batch (deterministic batching)."""
+
+    def __init__(self, backend):
+        self.batcher = backend.batcher
+        self.real = self.batcher._run_batch
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.batcher._run_batch = self._run
+
+    def _run(self, items):
+        self.entered.set()
+        assert self.gate.wait(30)
+        return self.real(items)
+
+    def wait_queued(self, n: int) -> None:
+        wait_until(lambda: self.batcher._queue.qsize() >= n, what=f"{n} queued calls")
+
+    def open(self) -> None:
+        self.gate.set()
+
+    def close(self) -> None:
+        self.gate.set()
+        self.batcher._run_batch = self.real
+
+
+@pytest.fixture
+def batcher_gate(target):
+    gate = BatcherGate(target.backend)
+    yield gate
+    gate.close()
+
+
+def _in_thread(stub, request, timeout=30):
+    return run_in_thread(lambda: stub.Verify(request, timeout=timeout))
+
+
+def test_a_bad_call_does_not_fail_its_batch_neighbours(stub, target, ref, clean, batcher_gate):
+    """BUG: an exception that is not a SpecDecError inside TargetWorker.verify_batch (here NaN q
+    reaching torch.multinomial) fails every call of the batch, not only the bad one."""
+    ids, out = ref
+    blocker, _ = _in_thread(stub, verify_request("blocker", ids))
+    assert batcher_gate.entered.wait(10)
+    bad_thread, bad = _in_thread(stub, verify_request("bad", ids, draft_token_ids=out[:1],
+                                                      draft_probs=[_dist([out[0]], [math.nan])],
+                                                      temperature=1.0, seed=1))
+    good_thread, good = _in_thread(stub, verify_request("good", ids, draft_token_ids=out[:3]))
+    batcher_gate.wait_queued(2)
+    batcher_gate.open()
+    for t in (blocker, bad_thread, good_thread):
+        t.join(30)
+    assert "error" in bad
+    assert "error" not in good, f"a neighbour's bad draft_probs failed this call: {good['error'].details()}"
+    assert good["result"].num_accepted_tokens == 3
+    assert max(target.backend.batch_sizes[-2:]) == 2  # the two really shared a batch
+
+
+def test_call_that_timed_out_in_the_queue_does_not_recreate_a_released_sequence(stub, target, ref, clean,
+                                                                                  batcher_gate):
+    """BUG: a Verify whose deadline passed while it waited in the batcher's queue still runs later,
+    re-creating the sequence after the client released it (held until sequence_ttl_seconds)."""
+    ids, _ = ref
+    blocker, _ = _in_thread(stub, verify_request("blocker", ids))
+    assert batcher_gate.entered.wait(10)
+    err = rpc_error(lambda: stub.Verify(verify_request("late", ids), timeout=0.3))
+    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert release(stub, "late") is False  # what the gateway does after a deadline: nothing held yet
+    batcher_gate.open()
+    blocker.join(30)
+    release(stub, "blocker")
+    wait_until(lambda: batcher_gate.batcher._queue.qsize() == 0, what="the queue to drain")
+    with target.backend.runner.lock:  # the batch that held "late" (if any) has finished
+        held = list(target.backend.runner.sequences)
+    assert "late" not in held, "a call abandoned by its caller re-created the released sequence 'late'"
+
+
+def test_denormal_temperature_is_not_an_internal_error(stub, ref, clean):
+    """BUG: temperature=1e-40 (a valid float32) makes logits/temperature overflow to inf, softmax NaN,
+    and torch.multinomial raises: INTERNAL instead of greedy decoding or INVALID_ARGUMENT."""
+    ids, out = ref
+    try:
+        r = _verify(stub, "tiny-t", ids, draft_token_ids=out[:2], temperature=1e-40, seed=1)
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in err.details(), (
+            err.code(), err.details())
+    else:  # read as (near-)greedy: the target's argmax continuation
+        assert r.num_accepted_tokens == 2 and _next_token(r)[1] == out[2]
+
+
+# --------------------------------------------------------------------------------------------------
+# idle expiry, asynchronous load
+
+
+def test_idle_sequence_is_evicted_after_its_ttl(servers, target_dir, ref):
+    handle = servers.target(target_dir, sequence_ttl_seconds=0.2)
+    with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as ch:
+        stub = target_service_pb2_grpc.TargetServiceStub(ch)
+        ids, _ = ref
+        _verify(stub, "idle", ids)
+        assert "idle" in handle.backend.runner.sequences
+        wait_until(lambda: "idle" not in handle.backend.runner.sequences, timeout=5, what="idle eviction")
+        err = rpc_error(lambda: _verify(stub, "idle", [], start_position=len(ids)))
+        assert err.code() == grpc.StatusCode.NOT_FOUND and "resend" in err.details()
+        assert _verify(stub, "idle", ids).sequence_length == len(ids)  # resent: served again
+
+
+def test_async_load_is_not_serving_and_unavailable_until_loaded(servers, target_dir, ref, monkeypatch):
+    """BUG: before the model is loaded, GetInfo/Verify answer INTERNAL ("internal error: Exception")
+    instead of UNAVAILABLE: require_ready's context.abort() raises inside map_errors, which re-aborts."""
+    gate = threading.Event()
+    real_load = specdec.backend.load_model
+    monkeypatch.setattr(specdec.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
+    handle = servers.target(target_dir, load_async=True)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as ch:
+            assert health_status(ch) == NOT_SERVING and health_status(ch, SERVICE_NAME) == NOT_SERVING
+            stub = target_service_pb2_grpc.TargetServiceStub(ch)
+            codes = {}
+            for name, call in [("GetInfo", lambda: stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)),
+                               ("Verify", lambda: _verify(stub, "early", ref[0]))]:
+                err = rpc_error(call)
+                codes[name] = (err.code(), err.details())
+            gate.set()
+            wait_until(lambda: health_status(ch) == SERVING, timeout=30, what="SERVING")
+            assert stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10).info.vocab_size == VOCAB
+    finally:
+        gate.set()
+        assert handle.backend.ready.wait(30)
+    for name, (code, details) in codes.items():
+        assert code == grpc.StatusCode.UNAVAILABLE and "loading" in details, (name, code, details)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_unloadable_model(servers, tmp_path):
+    from specdec.errors import ModelNotFoundError
+    from target_service.server import create_server
+    from tests.services_conftest_helpers import target_config
+
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelNotFoundError) as info:
+        create_server(target_config(missing))
+    assert str(missing) in str(info.value)
+    # asynchronously: the server stays up and NOT_SERVING
+    handle = servers.target(missing, load_async=True)
+    loader = [t for t in threading.enumerate() if t.name == "model-load"]
+    for t in loader:
+        t.join(30)
+    with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as ch:
+        assert health_status(ch) == NOT_SERVING
+
+
+def test_stopping_a_service_while_its_model_loads_leaves_no_worker_threads(servers, target_dir, monkeypatch):
+    """BUG: Backend.close() before an asynchronous load finishes does not stop the load: when it
+    completes it starts the batcher thread of a stopped service (never closed) and flips its health
+    to SERVING."""
+    gate = threading.Event()
+    real_load = specdec.backend.load_model
+    monkeypatch.setattr(specdec.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
+
+    def batchers():
+        return sum(t.name == "target-batcher" and t.is_alive() for t in threading.enumerate())
+
+    before = batchers()
+    handle = servers.target(target_dir, load_async=True)
+    loaders = [t for t in threading.enumerate() if t.name == "model-load"]
+    servers.stop(handle, 0)
+    gate.set()
+    for t in loaders:
+        t.join(30)
+    leaked = batchers() - before
+    ready = handle.backend.ready.is_set()
+    if ready:  # clean up what the bug left behind
+        handle.backend.batcher.close()
+    assert leaked == 0, "a stopped service started a batcher thread"
+    assert not ready, "a stopped service finished loading and reports ready"
