@@ -94,3 +94,32 @@ def from_env(cls: type[C], env_prefix: str, **overrides: Any) -> C:
     for k, v in overrides.items():
         setattr(args, k, v)
     return from_args(cls, args)
+
+
+def service_cli(config_cls: type, env_prefix: str, create_server_path: str, name: str):
+    """(add_arguments, run, main) for a service's ``__main__``: flags/env → config → serve until SIGTERM."""
+    import importlib
+    import logging
+    import sys
+
+    def add(p: argparse.ArgumentParser) -> None:
+        add_arguments(p, config_cls, env_prefix)
+
+    def run(args: argparse.Namespace) -> int:
+        from specdec.grpc_utils import serve_until_signal
+
+        module, func = create_server_path.split(":")
+        create_server = getattr(importlib.import_module(module), func)
+        config = from_args(config_cls, args)
+        handle = create_server(config)
+        logging.getLogger(name).info("%s listening on %s:%d", name, config.host, handle.port)
+        serve_until_signal(handle)
+        return 0
+
+    def main() -> None:
+        parser = argparse.ArgumentParser(prog=name)
+        add(parser)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        sys.exit(run(parser.parse_args()))
+
+    return add, run, main

@@ -1,32 +1,13 @@
-"""``specdec target-service`` / ``python -m target_service``: run the target service alone (what a container runs)."""
+"""``specdec target-service`` / ``python -m target_service``: the target service alone (what a container runs).
 
-from __future__ import annotations
+Health says NOT_SERVING until the model is loaded and warmed up.
+"""
 
-import argparse
-import logging
-import sys
-
+from specdec.settings import service_cli
 from target_service.config import ENV_PREFIX, TargetServiceConfig
-from specdec import settings
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    settings.add_arguments(p, TargetServiceConfig, ENV_PREFIX)
-
-
-def run(args: argparse.Namespace) -> int:
-    from target_service.server import create_server
-    from specdec.grpc_utils import serve_until_signal
-
-    config = settings.from_args(TargetServiceConfig, args)
-    handle = create_server(config, load_async=True)
-    logging.getLogger(__name__).info("target service on %s:%d (NOT_SERVING until the model is loaded)", config.host, handle.port)
-    serve_until_signal(handle)
-    return 0
-
+add_arguments, run, main = service_cli(TargetServiceConfig, ENV_PREFIX, "target_service.server:create_server_async",
+                                       "target-service")
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="target_service")
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(run(parser.parse_args()))
+    main()

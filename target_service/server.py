@@ -57,3 +57,8 @@ def create_server(config: TargetServiceConfig, load_async: bool = False) -> Serv
         config.port,
         load_async=load_async,
     )
+
+
+def create_server_async(config) -> ServerHandle:
+    """As create_server, but the port opens at once (NOT_SERVING) while the model loads."""
+    return create_server(config, load_async=True)
