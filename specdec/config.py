@@ -90,17 +90,19 @@ def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draf
     return True
 
 
+DEFAULT_DRAFT = "smollm2-135m-draft"
+
+
 def default_draft_path():
     """The embedded default draft (distilled for smollm2-135m) shipped inside the package, if present."""
-    from pathlib import Path
+    from specdec.models import SHIPPED_MODELS
 
-    path = Path(__file__).parent / "assets" / "smollm2-135m-draft"
+    path = SHIPPED_MODELS[DEFAULT_DRAFT]
     return path if (path / "config.json").exists() else None
 
 
 def default_speculative_config() -> dict | None:
     """The embedded default pair's speculative_config (None while no default draft is shipped)."""
-    path = default_draft_path()
-    if path is None:
+    if default_draft_path() is None:
         return None
-    return {"method": "draft_model", "model": str(path), "num_speculative_tokens": DEFAULT_NUM_SPECULATIVE_TOKENS}
+    return {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": DEFAULT_NUM_SPECULATIVE_TOKENS}

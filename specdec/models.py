@@ -105,6 +105,14 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 
 
+def _shipped_draft(name: str) -> Path:
+    return Path(__file__).resolve().parent / "assets" / name
+
+
+# Drafts distilled with `specdec distill` and shipped inside the package (normal HF folders).
+SHIPPED_MODELS: dict[str, Path] = {"smollm2-135m-draft": _shipped_draft("smollm2-135m-draft")}
+
+
 # --------------------------------------------------------------------------------------------------
 # GGUF -> cached safetensors folder
 
@@ -207,7 +215,9 @@ def resolve_model_path(name: str, revision: str | None = None) -> tuple[str, dic
     key = name.lower()
     if key in BUILTIN_MODELS:
         return str(materialize_gguf(BUILTIN_MODELS[key].gguf())), {}
-    tried.append(f"built-in names ({', '.join(BUILTIN_MODELS)})")
+    if key in SHIPPED_MODELS and (SHIPPED_MODELS[key] / "config.json").exists():
+        return str(SHIPPED_MODELS[key]), {}
+    tried.append(f"built-in names ({', '.join([*BUILTIN_MODELS, *SHIPPED_MODELS])})")
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return str(materialize_gguf(path)), {}
