@@ -1,0 +1,129 @@
+"""The embedded default pair (smollm2-135m + the distilled smollm2-135m-draft) through the served stack.
+
+Side by side in one run, greedy, held-out prose and code prompts (not from the distillation corpus):
+the target alone, specdec for several k and target dtypes, and HF assisted generation on the same
+pair. Reports acceptance, tokens per target pass, tokens/s and speedups; picks the best setting.
+
+    python benchmarks/bench_default_pair.py --ks 2 3 4 5 --dtypes float32 bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table, write_json  # noqa: E402
+
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+from specdec.models import load_model  # noqa: E402
+from specdec.serve import ServeConfig, start_stack  # noqa: E402
+from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
+
+HELD_OUT = [
+    "Once upon a time, in a small village by the sea, there lived",
+    "The main causes of the French Revolution were",
+    "Here is a short guide to brewing a good cup of coffee:",
+    "def quicksort(items):\n",
+    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n\n    def __init__(self):\n",
+    "import os\n\n\ndef list_python_files(root):\n",
+]
+
+
+def run_stream(stub, k: int | None, max_tokens: int) -> tuple[float, int, dict]:
+    totals = {"drafted": 0, "accepted": 0, "passes": 0}
+    n = 0
+    start = time.perf_counter()
+    for prompt in HELD_OUT:
+        req = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=True,
+                                 sampling_params=common_pb2.SamplingParams(temperature=0))
+        if k is not None:
+            req.num_speculative_tokens = k
+        for resp in stub.Generate(req, timeout=600):
+            n += len(resp.token_ids)
+        totals["drafted"] += resp.stats.num_draft_tokens
+        totals["accepted"] += resp.stats.num_accepted_tokens
+        totals["passes"] += resp.stats.num_target_passes
+    return n / (time.perf_counter() - start), n, totals
+
+
+def stack(dtype: str, draft_dtype: str, with_draft: bool, k: int):
+    spec = json.dumps({"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": k}) if with_draft else None
+    cfg = ServeConfig(model=DEFAULT_TARGET, speculative_config=spec, host="127.0.0.1", grpc_port=0, port=-1,
+                      dtype=dtype, draft_dtype=draft_dtype)
+    st = start_stack(cfg)
+    stub = generation_service_pb2_grpc.GenerationServiceStub(grpc.insecure_channel(f"127.0.0.1:{st.gateway.port}"))
+    for _ in stub.Generate(pb.GenerateRequest(prompt="Hello", max_tokens=4), timeout=120):
+        pass
+    return st, stub
+
+
+def hf_assisted(k: int, max_tokens: int) -> float:
+    target, draft = load_model(DEFAULT_TARGET), load_model(DEFAULT_DRAFT)
+    tok = target.tokenizer
+    draft.model.generation_config.num_assistant_tokens = k
+    draft.model.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.model.generation_config.assistant_confidence_threshold = 0.0
+    n, start = 0, None
+    for i, prompt in enumerate([HELD_OUT[0], *HELD_OUT]):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        m = 4 if i == 0 else max_tokens
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft.model,
+                                    do_sample=False, max_new_tokens=m, min_new_tokens=m, pad_token_id=tok.eos_token_id)
+        if i == 0:
+            start = time.perf_counter()
+        else:
+            n += out.shape[1] - ids.shape[1]
+    return n / (time.perf_counter() - start)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 5])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="target dtypes to try")
+    ap.add_argument("--draft-dtype", default="float32")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--json", default="bench_results/default_pair.json")
+    args = ap.parse_args()
+
+    rows = []
+    st, stub = stack("float32", args.draft_dtype, with_draft=False, k=1)
+    base_tps, _, _ = run_stream(stub, None, args.max_tokens)
+    st.stop(0)
+    rows.append({"setup": "target alone (float32), served", "tokens/s": base_tps, "speedup": 1.0})
+    best = None
+    for dtype in args.dtypes:
+        st, stub = stack(dtype, args.draft_dtype, with_draft=True, k=max(args.ks))
+        try:
+            for k in args.ks:
+                tps, n, t = run_stream(stub, k, args.max_tokens)
+                row = {"setup": f"specdec k={k}, target {dtype}, draft {args.draft_dtype}", "tokens/s": tps,
+                       "speedup": tps / base_tps, "acceptance": t["accepted"] / max(t["drafted"], 1),
+                       "tokens/pass": n / max(t["passes"], 1), "k": k, "dtype": dtype}
+                rows.append(row)
+                if best is None or tps > best["tokens/s"]:
+                    best = row
+        finally:
+            st.stop(0)
+    hf_k = best["k"] if best else 4
+    hf_tps = hf_assisted(hf_k, args.max_tokens)
+    rows.append({"setup": f"HF assisted k={hf_k} (float32, in-process)", "tokens/s": hf_tps, "speedup": hf_tps / base_tps})
+    print(f"\n{DEFAULT_TARGET} + {DEFAULT_DRAFT}, greedy, {len(HELD_OUT)} held-out prompts x {args.max_tokens} tokens, "
+          f"{torch.get_num_threads()} threads\n")
+    print_table(rows, ["setup", "tokens/s", "speedup", "acceptance", "tokens/pass"])
+    print(f"\nbest: {best['setup']}: {best['speedup']:.2f}x the target alone, "
+          f"{best['tokens/s'] / hf_tps:.2f}x HF assisted generation")
+    write_json(args.json, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT, "prompts": HELD_OUT,
+                           "max_tokens": args.max_tokens, "rows": rows, "best": best,
+                           "best_over_target": best["speedup"], "best_over_hf": best["tokens/s"] / hf_tps})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
