@@ -12,7 +12,7 @@ import hashlib
 import inspect
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -115,6 +115,8 @@ class ModelRunner:
 
         At least one token is always returned, so the caller gets logits for the last position.
         """
+        if not token_ids:
+            raise InvalidRequestError(f"{self.role}: the sequence is empty", param="prompt")
         cached = seq.tokens
         n = min(len(cached), len(token_ids) - 1)
         if cached[:n] != token_ids[:n]:
@@ -313,6 +315,14 @@ class DraftWorker:
                 check_draft_sample_method(method)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
                 history = self.tli.draft_history(seq.vocab_state, call.token_ids) if self.tli else call.token_ids
+                if self.tli is not None:
+                    # The re-tokenized text may be empty (a prompt of special tokens only) or longer than
+                    # the draft's own context: draft fewer tokens, or none (the target decodes alone).
+                    room = runner.max_model_len - len(history) + 1 if history else 0
+                    if room < call.num_speculative_tokens:
+                        call = replace(call, num_speculative_tokens=max(room, 0))
+                    if call.num_speculative_tokens == 0:
+                        return call, seq, [], False
                 return call, seq, runner.sync(seq, history), method == "probabilistic" and not call.params.greedy
 
             results, rows = _per_call(calls, prepare)

@@ -23,12 +23,11 @@ import pytest
 import torch
 
 import specdec.engine
-import specdec.llm
-from specdec import LLM, SamplingParams
+from specdec import SamplingParams
 from specdec.engine import ProposeCall, VerifyCall
 from specdec.sampling import process_logits
 from specdec.tli.adapter import TLIAdapter
-from tests.specdec.tli.tiny_tli import last_logits, loaded_model, pin_next_token_logits, real_tokenizers, tiny_llama
+from tests.specdec.tli.tiny_tli import last_logits, llm_over, pin_next_token_logits, real_tokenizers, tiny_llama
 
 PROMPT = "The quick brown fox"
 TOP_K = 8
@@ -62,13 +61,7 @@ class Pair:
         pin_next_token_logits(self.draft, self.draft_prompt_ids, {_single_id(dt, w): v for w, v in DRAFT_LOGITS.items()})
         self.support = sorted(_single_id(tt, w) for w in TARGET_LOGITS)
         self.p = process_logits(last_logits(self.target, self.prompt_ids), PARAMS)  # [262144]
-        models = {"tiny-gemma-vocab-target": loaded_model("tiny-gemma-vocab-target", self.target, tt),
-                  "tiny-smollm2-vocab-draft": loaded_model("tiny-smollm2-vocab-draft", self.draft, dt)}
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(specdec.llm, "load_model", lambda name, **kw: models[name])
-            self.llm = LLM("tiny-gemma-vocab-target", seed=0, speculative_config={
-                "method": "draft_model", "model": "tiny-smollm2-vocab-draft", "num_speculative_tokens": 2,
-                "use_heterogeneous_vocab": True})
+        self.llm = llm_over(self.target, tt, self.draft, dt, k=2)
 
     def sample_first_tokens(self, method: str, k: int, rounds: int, seed: int):
         """``SEQS * rounds`` first emitted tokens; each: one propose + one verify of a seeded sequence."""

@@ -86,3 +86,20 @@ def loaded_model(name: str, model, tokenizer):
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"memory:{name}",
                        dtype=torch.float32, device=torch.device("cpu"), eos_token_ids=frozenset(eos))
+
+
+def llm_over(target, target_tok, draft=None, draft_tok=None, k: int = 2, **spec):
+    """``specdec.LLM`` over in-memory models, wired exactly as for models loaded by name (its ``load_model``
+    is pointed at them while it is built): TLI when ``draft`` is given (its tokenizer differs)."""
+    import specdec.llm
+    from specdec import LLM
+
+    models = {"tiny-target": loaded_model("tiny-target", target, target_tok)}
+    config = None
+    if draft is not None:
+        models["tiny-draft"] = loaded_model("tiny-draft", draft, draft_tok)
+        config = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": k,
+                  "use_heterogeneous_vocab": True, **spec}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(specdec.llm, "load_model", lambda name, **kw: models[name])
+        return LLM("tiny-target", speculative_config=config, seed=0)
