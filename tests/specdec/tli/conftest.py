@@ -140,8 +140,11 @@ def build_tiktoken_tokenizer(path: Path, pattern: str | None, specials: list[str
 
 
 @pytest.fixture(scope="session")
-def tok_cache_dir(request) -> Path:
-    return Path(request.config.cache.mkdir("specdec-tli-tokenizers"))
+def tok_cache_dir(request, tmp_path_factory) -> Path:
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    if cache is None:
+        return tmp_path_factory.mktemp("specdec-tli-tokenizers")
+    return Path(cache.mkdir("specdec-tli-tokenizers"))
 
 
 @pytest.fixture(scope="session")
