@@ -14,7 +14,7 @@ DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 # The embedded default pair of `specdec serve` with no model named.
 DEFAULT_TARGET = "smollm2-135m"
-DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+DEFAULT_NUM_SPECULATIVE_TOKENS = 2  # measured best for the default pair (benchmarks/bench_default_pair.py)
 
 
 @dataclass(frozen=True)
