@@ -79,9 +79,9 @@ def main() -> int:
     # Share the loaded weights: the baseline and HF use the same target module.
     target, draft, tok = llm.target.model, llm.draft.model, llm.target.tokenizer
 
-    t_step = step_cost_ms(target, None, 1)
-    d_step = step_cost_ms(draft, None, 1)
-    t_verify = step_cost_ms(target, None, k + 1)
+    t_step = step_cost_ms(target, 1)
+    d_step = step_cost_ms(draft, 1)
+    t_verify = step_cost_ms(target, k + 1)
     c, v = d_step / t_step, t_verify / t_step
 
     base_tps, base_tokens, _ = run_specdec(baseline, PROMPTS, args.max_tokens)

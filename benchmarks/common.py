@@ -20,7 +20,7 @@ PROMPTS = [
 ]
 
 
-def step_cost_ms(model, dtype_ctx, n_tokens: int, context: int = 64, reps: int = 10) -> float:
+def step_cost_ms(model, n_tokens: int, context: int = 64, reps: int = 10) -> float:
     """Median wall time of one forward pass scoring n_tokens after `context` cached tokens."""
     from specdec.kv_cache import SequenceKVCache
 

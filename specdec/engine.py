@@ -326,7 +326,10 @@ class DraftWorker:
                 return call, seq, runner.sync(seq, history), method == "probabilistic" and not call.params.greedy
 
             results, rows = _per_call(calls, prepare)
-            rows = [r for r in rows if r[1].num_speculative_tokens > 0 or results.__setitem__(r[0], Proposal([]))]
+            for r in rows:
+                if r[1].num_speculative_tokens == 0:  # nothing to draft (k=0, or no room left)
+                    results[r[0]] = Proposal([])
+            rows = [r for r in rows if r[1].num_speculative_tokens > 0]
             if not rows:
                 return results
             logits = runner.forward_batch([r[2] for r in rows], [r[3] for r in rows], [1] * len(rows))

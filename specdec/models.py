@@ -251,6 +251,16 @@ def resolve_model_path(name: str, revision: str | None = None) -> tuple[str, dic
     )
 
 
+def _tie_missing_lm_head(model: Any) -> None:
+    """A checkpoint saved with tied embeddings has no lm_head; tie it if loading left it empty (meta)."""
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is not None and out.weight.is_meta and inp is not None and out.weight.shape == inp.weight.shape:
+        out.weight = inp.weight
+    empty = [name for name, p in model.named_parameters() if p.is_meta]
+    if empty:
+        raise RuntimeError(f"weights missing from the checkpoint: {empty[:5]}")
+
+
 def load_model(
     name: str,
     dtype: str | torch.dtype | None = None,
@@ -263,6 +273,7 @@ def load_model(
     path, kwargs = resolve_model_path(name, revision)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+    _tie_missing_lm_head(model)
     model.to(device)
     model.eval()
     model.requires_grad_(False)
