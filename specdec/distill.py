@@ -1211,7 +1211,7 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
 
-    from specdec.models import load_model, tokenizer_fingerprint
+    from specdec.models import load_model, model_construction, tokenizer_fingerprint
 
     cfg.validate()
     t_invocation = time.perf_counter()
@@ -1267,11 +1267,10 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
 
     # Draft
     dcfg = make_draft_config(teacher.config, cfg)
-    draft = AutoModelForCausalLM.from_config(dcfg, dtype=torch.float32)
-    draft.tie_weights()
+    with model_construction():
+        draft = AutoModelForCausalLM.from_config(dcfg, dtype=torch.float32)
     if draft.get_output_embeddings().weight is not draft.get_input_embeddings().weight:
-        # transformers does not always tie here (seen intermittently in the full suite): tie by hand
-        draft.get_output_embeddings().weight = draft.get_input_embeddings().weight
+        raise RuntimeError("the draft's lm_head is not tied to its embeddings")
     same_width = dcfg.hidden_size == teacher.config.get_text_config().hidden_size
     embed_scale = cfg.embed_lr_scale
     if embed_scale is None:

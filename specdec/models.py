@@ -13,6 +13,7 @@ GGUF weights are dequantized once and cached as a normal safetensors folder unde
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -20,6 +21,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +32,46 @@ import torch
 from specdec.errors import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
+
+# transformers (5.x) disables weight tying while it builds a model by swapping
+# ``PreTrainedModel.tie_weights`` for a no-op *on the class* and restoring it afterwards
+# (``transformers.initialization.no_tie_weights``). Two models built at once in two threads (a
+# draft and a target service loading side by side) can restore the no-op, and from then on no
+# model in the process ties its embeddings: tied checkpoints load with an empty lm_head. This lock
+# serialises model construction; ``_repair_tying`` puts the method back if code outside the lock
+# broke it anyway.
+_CONSTRUCTION_LOCK = threading.RLock()
+_TIE_WEIGHTS_QUALNAME = "PreTrainedModel.tie_weights"
+
+
+@functools.cache
+def _original_tie_weights() -> Callable | None:
+    """transformers' own ``PreTrainedModel.tie_weights`` (first seen intact), to put back if lost."""
+    from transformers import PreTrainedModel
+
+    method = PreTrainedModel.__dict__["tie_weights"]
+    return method if getattr(method, "__qualname__", "") == _TIE_WEIGHTS_QUALNAME else None
+
+
+@contextmanager
+def model_construction():
+    """Hold while building a transformers model (``from_pretrained`` / ``from_config`` / ``cls(cfg)``)."""
+    from transformers import PreTrainedModel
+
+    original = _original_tie_weights()
+    with _CONSTRUCTION_LOCK:
+        _repair_tying(PreTrainedModel, original)
+        try:
+            yield
+        finally:
+            _repair_tying(PreTrainedModel, original)
+
+
+def _repair_tying(cls: Any, original: Callable | None) -> None:
+    if original is not None and cls.__dict__["tie_weights"] is not original:
+        logger.warning("transformers' PreTrainedModel.tie_weights was left disabled by a concurrent "
+                       "model load outside specdec; restoring it")
+        cls.tie_weights = original
 
 DTYPES = {
     "float32": torch.float32,
@@ -138,16 +181,18 @@ def materialize_gguf(gguf_path: str | Path) -> Path:
         tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         bar.update(1)
         bar.set_postfix_str(steps[1])
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-        )
+        with model_construction():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+            )
         bar.update(1)
         bar.set_postfix_str(steps[2])
         config = model.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         # A GGUF-loaded model refuses save_pretrained: rebuild a plain one from the same weights.
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with model_construction():
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
         missing = [m for m in missing if not m.endswith("lm_head.weight")]
         if missing or unexpected:
@@ -272,7 +317,8 @@ def load_model(
     torch_dtype = parse_dtype(dtype)
     path, kwargs = resolve_model_path(name, revision)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+    with model_construction():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
     _tie_missing_lm_head(model)
     model.to(device)
     model.eval()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdec import distill as D
+from specdec.models import model_construction
 
 WORDS = ("the model draft token target layer cache speculative decoding accepts rejects proposes verifies "
          "python function returns value list dict string number loop while for if else class method").split()
@@ -57,7 +58,8 @@ def setup(tmp_path_factory):
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                       tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    target = LlamaForCausalLM(cfg)
+    with model_construction():
+        target = LlamaForCausalLM(cfg)
     # A few LM steps on the corpus give the random target structure for the draft to learn.
     ids = tok("\n".join(p.read_text() for p in sorted(corpus.iterdir())))["input_ids"]
     data = torch.tensor(ids[: len(ids) // 64 * 64]).view(-1, 64)
@@ -135,10 +137,12 @@ def test_same_width_copy_init(setup):
     from transformers import AutoModelForCausalLM
 
     _, _, target_dir = setup
-    teacher = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    with model_construction():
+        teacher = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     cfg = D.DistillConfig(layers=2, hidden=64, intermediate=0)
     dcfg = D.make_draft_config(teacher.config, cfg)
-    draft = AutoModelForCausalLM.from_config(dcfg, dtype=torch.float32)
+    with model_construction():
+        draft = AutoModelForCausalLM.from_config(dcfg, dtype=torch.float32)
     info = D.init_draft(teacher, draft, cfg, torch.zeros(1, 8, dtype=torch.long))
     assert info["layers"] == [0, 3]
     assert torch.equal(draft.model.layers[1].mlp.up_proj.weight, teacher.model.layers[3].mlp.up_proj.weight)

@@ -211,3 +211,57 @@ def test_kv_cache_crop_protocol(lm):
     assert cache.length == 7
     cache.crop(5)  # positive keeps that many
     assert cache.length == 5
+
+
+def test_concurrent_loads_keep_weight_tying(tmp_path, tokenizer):
+    """transformers disables tie_weights on the class while it builds a model; two loads at once
+    (draft and target services starting side by side) must not leave it disabled for the process."""
+    import threading
+
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+    from specdec.models import model_construction
+
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    with model_construction():
+        LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    original = PreTrainedModel.__dict__["tie_weights"]
+    errors: list[BaseException] = []
+
+    def load_many():
+        try:
+            for _ in range(15):
+                lm = load_model(str(tmp_path))
+                assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load_many) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert PreTrainedModel.__dict__["tie_weights"] is original
+    fresh = LlamaForCausalLM(cfg)
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+
+
+def test_construction_guard_repairs_tying_broken_outside_it():
+    """A load outside specdec's lock that leaves tie_weights disabled is repaired by the next guarded one."""
+    from transformers import PreTrainedModel
+
+    from specdec.models import model_construction
+
+    with model_construction():  # first guarded use records transformers' own method
+        pass
+    original = PreTrainedModel.__dict__["tie_weights"]
+    PreTrainedModel.tie_weights = lambda *a, **k: None  # what an interleaved no_tie_weights() leaves
+    try:
+        with model_construction():
+            pass
+        assert PreTrainedModel.__dict__["tie_weights"] is original
+    finally:
+        PreTrainedModel.tie_weights = original

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.models import load_model
+from specdec.models import load_model, model_construction
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,7 +55,8 @@ def truncated_draft_dir(tmp_path_factory):
     lm = load_model(MODEL, dtype="float32")
     cfg = lm.model.config.__class__.from_dict(lm.model.config.to_dict())
     cfg.num_hidden_layers = 4
-    small = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with model_construction():
+        small = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     state = {
         k: v
         for k, v in lm.model.state_dict().items()
