@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from draft_service.config import DraftServiceConfig
+from specdec.batching import ComputeThread
 from specdec.backend import Backend
 from specdec.engine import ProposeCall
 from specdec.grpc_utils import (
@@ -50,10 +51,14 @@ class DraftServicer(BackendServicerMixin, draft_service_pb2_grpc.DraftServiceSer
         )
 
 
-def create_server(config: DraftServiceConfig, load_async: bool = False) -> ServerHandle:
-    """Start a draft service on config.host:config.port (port 0 binds any free port)."""
+def create_server(config: DraftServiceConfig, load_async: bool = False,
+                  compute: ComputeThread | None = None) -> ServerHandle:
+    """Start a draft service on config.host:config.port (port 0 binds any free port).
+
+    ``compute``: run its forward passes on this thread, shared with another model in the process.
+    """
     backend = Backend("draft", config, draft_sample_method=config.draft_sample_method,
-                      draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer)
+                      draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer, compute=compute)
     servicer = DraftServicer(backend)
     return start_backend_server(
         backend,

@@ -6,11 +6,14 @@ The servicers translate protobuf to the calls here and back; nothing here import
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 
-from specdec.batching import ContinuousBatcher
+import torch
+
+from specdec.batching import ComputeThread, ContinuousBatcher
 from specdec.engine import (
     MAX_NUM_SPECULATIVE_TOKENS,
     DraftWorker,
@@ -41,13 +44,24 @@ class BackendConfig:
     max_sequences: int = field(default=256, metadata={"help": "cap on cached sequences (RESOURCE_EXHAUSTED past it)"})
     sequence_ttl_seconds: float = field(default=600.0, metadata={"help": "idle sequences are evicted after this"})
     max_batch_size: int = field(default=16, metadata={"help": "max sequences per batched forward pass"})
+    batch_wait_ms: float = field(default=10.0, metadata={"help": "when idle, a batch waits up to this long for sequences "
+                                                              "that are mid round trip (0: never wait); a lone stream never waits"})
+    num_threads: int = field(default=0, metadata={"help": "CPU threads for this service's forward passes (0: all cores it may use)"})
+
+
+def cpu_threads(requested: int) -> int:
+    """``requested``, or every core this process may run on when it is 0."""
+    if requested < 0:
+        raise ValueError(f"num_threads must be >= 0, got {requested}")
+    return requested or len(os.sched_getaffinity(0))
 
 
 class Backend:
     """A loaded model serving Propose (draft) or Verify (target) through a continuous batcher."""
 
     def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
-                 draft_top_n: int | None = None, target_tokenizer: str | None = None):
+                 draft_top_n: int | None = None, target_tokenizer: str | None = None,
+                 compute: ComputeThread | None = None):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -55,6 +69,7 @@ class Backend:
         self.draft_sample_method = draft_sample_method
         self.draft_top_n = draft_top_n
         self.target_tokenizer = target_tokenizer
+        self.compute = compute  # shared with another backend in this process (see specdec.batching)
         self.tli = None
         self.lm: LoadedModel | None = None
         self.ready = threading.Event()
@@ -77,7 +92,14 @@ class Backend:
         else:
             self.worker = TargetWorker(self.runner)
             run = self.worker.verify_batch
-        self.batcher = ContinuousBatcher(run, cfg.max_batch_size, name=f"{self.role}-batcher", on_batch=self._record_batch)
+        # Every forward pass runs on the batcher's compute thread (see specdec.batching for why one
+        # process should run its models on one thread); an own thread gets num_threads cores.
+        threads = cpu_threads(cfg.num_threads)
+        self.batcher = ContinuousBatcher(run, cfg.max_batch_size, name=f"{self.role}-batcher",
+                                         on_batch=self._record_batch, compute=self.compute,
+                                         expected=self._active_sequences, max_wait_s=cfg.batch_wait_ms / 1000,
+                                         defer_to_others=self.role == "draft",
+                                         thread_init=lambda: torch.set_num_threads(threads))
         self._warmup()
         threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
         self.ready.set()
@@ -102,15 +124,21 @@ class Backend:
         ids = self.lm.tokenizer("Hello, world").input_ids or [0]
         params = SamplingParams(temperature=0, max_tokens=4)
         if self.role == "draft":
-            self.worker.propose(sid, ids, 2, params)
+            self.batcher(ProposeCall(sid, ids, 2, params))
         else:
-            self.worker.verify(sid, ids, Proposal([ids[-1]]), params)
+            self.batcher(VerifyCall(sid, ids, Proposal([ids[-1]]), params))
         self.worker.release(sid)
 
     def close(self) -> None:
         self._stop.set()
         if self.ready.is_set():
             self.batcher.close()
+
+    def _active_sequences(self, window_s: float = 1.0) -> int:
+        """Sequences served within the last window_s: those a batch may expect back shortly."""
+        now = time.monotonic()
+        with self.runner.lock:
+            return sum(1 for s in self.runner.sequences.values() if now - s.last_used < window_s)
 
     def _record_batch(self, n: int) -> None:
         self.batch_sizes.append(n)

@@ -258,14 +258,25 @@ def start_backend_server(backend, register, service_names: list[str], host: str,
         if backend.ready.is_set():
             handle.set_serving(True)
 
+    # Load on a thread of its own even when the caller waits: the thread's OpenMP pool goes away
+    # with it, rather than staying on the caller's thread (see specdec.batching).
     if load_async:
         threading.Thread(target=load, name="model-load", daemon=True).start()
     else:
-        try:
-            load()
-        except BaseException:
+        failure: list[BaseException] = []
+
+        def load_or_record():
+            try:
+                load()
+            except BaseException as exc:  # re-raised on the caller's thread
+                failure.append(exc)
+
+        loader = threading.Thread(target=load_or_record, name="model-load", daemon=True)
+        loader.start()
+        loader.join()
+        if failure:
             handle.stop(0)
-            raise
+            raise failure[0]
     return handle
 
 

@@ -35,6 +35,8 @@ class ServeConfig:
     draft_dtype: str | None = field(default=None, metadata={"help": "draft dtype (default: --dtype)"})
     max_sequences: int = field(default=256, metadata={"help": "cached sequences per backend"})
     max_batch_size: int = field(default=16, metadata={"help": "sequences per batched forward pass"})
+    num_threads: int = field(default=0, metadata={"help": "CPU threads of the forward passes (0: all cores); draft and "
+                                                   "target take turns on one compute thread"})
     speculative_model: str | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
     num_speculative_tokens: int | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
 
@@ -85,19 +87,35 @@ def start_stack(cfg: ServeConfig) -> Stack:
     from target_service.config import TargetServiceConfig
     from target_service.server import create_server as create_target
 
+    from specdec.backend import cpu_threads
+    from specdec.batching import ComputeThread
+
     spec = resolve_speculative_config(cfg)
     target_model = cfg.model or DEFAULT_TARGET
     max_len = min(x for x in (cfg.max_model_len, spec.max_model_len if spec else None, 10**9) if x)
     max_len = None if max_len == 10**9 else max_len
     common = dict(max_model_len=max_len, max_sequences=cfg.max_sequences, max_batch_size=cfg.max_batch_size)
-    target = create_target(TargetServiceConfig(model=target_model, dtype=cfg.dtype, host="127.0.0.1", port=0, **common))
+    # Both models run their batches on ONE thread, taking turns (see specdec.batching: two
+    # multi-threaded OpenMP pools in one process slow both).
+    import torch
+
+    threads = cpu_threads(cfg.num_threads)
+    compute = ComputeThread("specdec-compute", thread_init=lambda: torch.set_num_threads(threads))
+    try:
+        target = create_target(TargetServiceConfig(model=target_model, dtype=cfg.dtype, host="127.0.0.1", port=0,
+                                                   num_threads=threads, **common), compute=compute)
+    except BaseException:
+        compute.close()
+        raise
+    target.on_stop.append(compute.close)
     draft = None
     try:
         if spec is not None:
             draft = create_draft(DraftServiceConfig(
                 model=spec.model, revision=spec.revision, dtype=cfg.draft_dtype or cfg.dtype, host="127.0.0.1", port=0,
+                num_threads=threads,
                 draft_sample_method=spec.draft_sample_method,
-                target_tokenizer=target_model if spec.use_heterogeneous_vocab else None, **common))
+                target_tokenizer=target_model if spec.use_heterogeneous_vocab else None, **common), compute=compute)
         gateway = create_gateway(GatewayConfig(
             draft_addr=f"127.0.0.1:{draft.port}" if draft else None,
             target_addr=f"127.0.0.1:{target.port}",

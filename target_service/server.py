@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from specdec.batching import ComputeThread
 from specdec.backend import Backend
 from specdec.engine import Proposal, VerifyCall
 from specdec.grpc_utils import (
@@ -45,9 +46,13 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
         return response
 
 
-def create_server(config: TargetServiceConfig, load_async: bool = False) -> ServerHandle:
-    """Start a target service on config.host:config.port (port 0 binds any free port)."""
-    backend = Backend("target", config)
+def create_server(config: TargetServiceConfig, load_async: bool = False,
+                  compute: ComputeThread | None = None) -> ServerHandle:
+    """Start a target service on config.host:config.port (port 0 binds any free port).
+
+    ``compute``: run its forward passes on this thread, shared with another model in the process.
+    """
+    backend = Backend("target", config, compute=compute)
     servicer = TargetServicer(backend)
     return start_backend_server(
         backend,

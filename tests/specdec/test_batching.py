@@ -199,3 +199,122 @@ def test_close_finishes_items_queued_before_it(make):
     rec.release.set()
     closer.join(10)
     assert first.result(10) == 0 and queued.result(10) == 10
+
+
+# -- shared compute thread, batch window, deferral --------------------------------------------------
+
+
+class Blocker:
+    """A job that holds the compute thread until released, so that work queues up behind it."""
+
+    def __init__(self, compute):
+        self.entered, self.release = threading.Event(), threading.Event()
+        compute.submit(self._job)
+        assert self.entered.wait(10)
+
+    def _job(self):
+        self.entered.set()
+        assert self.release.wait(10)
+
+
+@pytest.fixture
+def compute():
+    from specdec.batching import ComputeThread
+
+    c = ComputeThread("test-compute")
+    yield c
+    c.close()
+
+
+def test_batchers_sharing_a_compute_thread_run_on_that_one_thread(make, compute):
+    seen = []
+
+    def run(items):
+        seen.append(threading.get_ident())
+        return [x * 10 for x in items]
+
+    a = make(run, compute=compute)
+    b = make(run, compute=compute)
+    assert a(1) == 10 and b(2) == 20 and a(3) == 30
+    assert len(set(seen)) == 1 and seen[0] == compute._thread.ident
+    a.close()
+    assert compute.is_alive()  # a batcher never stops a compute thread it does not own
+    assert b(4) == 40
+
+
+def test_idle_batch_waits_for_expected_items_mid_round_trip(make):
+    rec = Recorder()
+    b = make(rec, expected=lambda: 3, max_wait_s=30.0)
+    first = b.submit(1)
+
+    def later():
+        import time
+
+        time.sleep(0.05)
+        b.submit(2)
+        b.submit(3)
+
+    threading.Thread(target=later).start()
+    assert first.result(10) == 10
+    assert rec.batches == [[1, 2, 3]]
+
+
+def test_a_lone_sequence_never_waits(make):
+    rec = Recorder()
+    b = make(rec, expected=lambda: 1, max_wait_s=30.0)
+    assert b.submit(1).result(5) == 10  # a 30 s window would time this out
+
+
+def test_batch_window_ends_when_other_work_reaches_the_compute_thread(make, compute):
+    rec_a, rec_b = Recorder(), Recorder()
+    a = make(rec_a, compute=compute, expected=lambda: 5, max_wait_s=30.0)
+    b = make(rec_b, compute=compute)
+    fa = a.submit(1)
+    assert rec_a.batches == [] and not fa.done()  # lingering for the 4 it expects
+    fb = b.submit(2)
+    assert fa.result(5) == 10 and fb.result(5) == 20
+    assert rec_a.batches == [[1]]
+
+
+def test_a_deferring_batcher_lets_queued_work_go_first_and_gathers_what_it_releases(make, compute):
+    """The draft defers to the target: a stream released by the target's batch joins the draft's."""
+    order = []
+    draft = None
+
+    def run_target(items):
+        order.append(("target", list(items)))
+        draft.submit("d2")  # the verified stream comes straight back for its next proposal
+        return items
+
+    def run_draft(items):
+        order.append(("draft", list(items)))
+        return items
+
+    draft = make(run_draft, compute=compute, expected=lambda: 2, max_wait_s=5.0, defer_to_others=True)
+    target = make(run_target, compute=compute)
+    blocker = Blocker(compute)
+    d1 = draft.submit("d1")
+    t1 = target.submit("t1")
+    blocker.release.set()
+    assert d1.result(10) == "d1" and t1.result(10) == "t1"
+    assert order == [("target", ["t1"]), ("draft", ["d1", "d2"])]
+
+
+def test_deferral_is_bounded(make, compute):
+    """A batcher defers a few times at most: other work that keeps coming cannot starve it."""
+    rec = Recorder()
+    draft = make(rec, compute=compute, expected=lambda: 100, max_wait_s=0.0, defer_to_others=True)
+    busy = threading.Event()
+
+    def keep_busy():
+        if not busy.is_set():
+            compute.submit(keep_busy)
+
+    blocker = Blocker(compute)
+    fut = draft.submit(1)
+    compute.submit(keep_busy)
+    blocker.release.set()
+    try:
+        assert fut.result(10) == 10
+    finally:
+        busy.set()

@@ -90,7 +90,7 @@ def test_deprecated_flags_errors():
 
 def _service_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate()
-                  if t.name in ("draft-batcher", "target-batcher", "draft-evict", "target-evict"))
+                  if t.name in ("draft-batcher", "target-batcher", "draft-evict", "target-evict", "specdec-compute"))
 
 
 def _serve_config(target_dir, draft_dir, spec, k=3, **kw):
@@ -105,6 +105,9 @@ def test_start_stack_serves_a_stream_end_to_end(target_dir, good_draft_dir, spec
     stack = start_stack(_serve_config(target_dir, good_draft_dir, spec, k=3, max_model_len=128))
     try:
         assert stack.draft is not None and stack.gateway.port not in (stack.target.port, stack.draft.port)
+        # one process, one compute thread: the two models take turns on it (see specdec.batching)
+        assert stack.draft.backend.batcher.compute is stack.target.backend.batcher.compute
+        assert "specdec-compute" in _service_threads()
         with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
             stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
             info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
