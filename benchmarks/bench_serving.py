@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--draft-dtype", default=None)
+    ap.add_argument("--repeats", type=int, default=2, help="alternating in-process / served runs (best of each)")
     ap.add_argument("--json", default="bench_results/serving.json")
     args = ap.parse_args()
     draft = args.draft or (str(default_draft_path()) if default_draft_path() else None)
@@ -56,30 +57,37 @@ def main() -> int:
     spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
-    def in_process() -> tuple[list[list[int]], float]:
-        llm = LLM(args.target, speculative_config=spec, dtype=args.dtype, draft_dtype=args.draft_dtype)
-        llm.generate(PROMPTS[:1], params.clone(max_tokens=8))
-        t = time.perf_counter()
-        ids = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-        return ids, sum(map(len, ids)) / (time.perf_counter() - t)
-
-    # On a thread that ends before the stack starts: its OpenMP pool ends with it, so the stack's
-    # compute thread holds the process's only pool, as in `specdec serve` (see specdec.batching).
-    box: list = []
-    runner = threading.Thread(target=lambda: box.append(in_process()))
-    runner.start()
-    runner.join()
-    offline, offline_tps = box[0]
-
     stack = start_stack(ServeConfig(model=args.target, speculative_config=json.dumps(spec), host="127.0.0.1",
-                                    grpc_port=0, dtype=args.dtype, draft_dtype=args.draft_dtype,
+                                    grpc_port=0, port=-1, dtype=args.dtype, draft_dtype=args.draft_dtype,
                                     max_batch_size=max(16, args.streams)))
+    compute = stack.target.backend.batcher.compute
+
+    def on_compute_thread(fn):
+        """Run fn on the stack's compute thread: the in-process engine gets the same thread and
+        OpenMP pool as the served models (a second pool would slow both; see specdec.batching)."""
+        box: list = []
+        done = threading.Event()
+        compute.submit(lambda: (box.append(fn()), done.set()))
+        done.wait()
+        return box[0]
+
     try:
+        llm = on_compute_thread(lambda: LLM(args.target, speculative_config=spec, dtype=args.dtype,
+                                            draft_dtype=args.draft_dtype))
+        on_compute_thread(lambda: llm.generate(PROMPTS[:1], params.clone(max_tokens=8)))
         stub = generation_service_pb2_grpc.GenerationServiceStub(grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}"))
         stream_once(stub, PROMPTS[0], 8)
-        t = time.perf_counter()
-        served = [stream_once(stub, p, args.max_tokens) for p in PROMPTS]
-        served_tps = sum(map(len, served)) / (time.perf_counter() - t)
+
+        # In-process and served runs alternate (best of --repeats each): this machine's speed drifts.
+        offline_tps = served_tps = 0.0
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            offline = on_compute_thread(lambda: [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)])
+            offline_tps = max(offline_tps, sum(map(len, offline)) / (time.perf_counter() - t))
+            t = time.perf_counter()
+            served = [stream_once(stub, p, args.max_tokens) for p in PROMPTS]
+            served_tps = max(served_tps, sum(map(len, served)) / (time.perf_counter() - t))
+        del llm
 
         # N concurrent streams, each working through the prompt list (offset so they differ).
         results: list[list[list[int]]] = [[] for _ in range(args.streams)]
