@@ -65,7 +65,9 @@ def main() -> int:
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--draft-dtype", default=None, help="draft dtype, for specdec and HF alike (default: --dtype)")
     ap.add_argument("--temperature", type=float, default=0.7, help="for the sampled rows")
+    ap.add_argument("--no-sampled", action="store_true", help="greedy rows only")
     ap.add_argument("--json", default="bench_results/tli.json")
     args = ap.parse_args()
     k = args.num_speculative_tokens
@@ -73,8 +75,9 @@ def main() -> int:
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     sampled = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True, seed=0)
 
-    llm = LLM(args.target, speculative_config=spec, dtype=args.dtype)
-    llm_prob = LLM(args.target, speculative_config={**spec, "draft_sample_method": "probabilistic"}, dtype=args.dtype)
+    llm = LLM(args.target, speculative_config=spec, dtype=args.dtype, draft_dtype=args.draft_dtype)
+    llm_prob = LLM(args.target, speculative_config={**spec, "draft_sample_method": "probabilistic"}, dtype=args.dtype,
+                   draft_dtype=args.draft_dtype)
     base = LLM(args.target, dtype=args.dtype)
     # One target module for every row (the baseline LLM's), so all count passes on the same weights.
     for other in (llm, llm_prob):
@@ -111,16 +114,17 @@ def main() -> int:
     r_hf = {"tokens/s": n / hf_elapsed, "tokens/pass": n / counter.reset(), "acceptance": None}
     rows.append({"method": f"HF UAG k={k} (greedy)", **r_hf, "identical": hf_tokens == r_base["_tokens"]})
 
-    r_base_s = run_llm(base, counter, sampled)
-    rows.append({"method": f"target alone (T={args.temperature})", **r_base_s})
-    r_g = run_llm(llm, counter, sampled)
-    rows.append({"method": f"specdec TLI greedy draft (T={args.temperature})", **r_g})
-    r_p = run_llm(llm_prob, counter, sampled)
-    rows.append({"method": f"specdec TLI probabilistic draft (T={args.temperature})", **r_p})
+    if not args.no_sampled:
+        r_base_s = run_llm(base, counter, sampled)
+        rows.append({"method": f"target alone (T={args.temperature})", **r_base_s})
+        r_g = run_llm(llm, counter, sampled)
+        rows.append({"method": f"specdec TLI greedy draft (T={args.temperature})", **r_g})
+        r_p = run_llm(llm_prob, counter, sampled)
+        rows.append({"method": f"specdec TLI probabilistic draft (T={args.temperature})", **r_p})
 
     for r in rows:
         r.pop("_tokens", None)
-    print(f"\ntarget {args.target}, draft {args.draft} ({args.dtype}), k={k}, {len(PROMPTS)} prompts x "
+    print(f"\ntarget {args.target} ({args.dtype}), draft {args.draft} ({args.draft_dtype or args.dtype}), k={k}, {len(PROMPTS)} prompts x "
           f"{args.max_tokens} tokens, {torch.get_num_threads()} threads, intersection "
           f"{llm._draft_worker.tli.mapping.intersection_size:,} tokens\n")
     print_table(rows, ["method", "tokens/s", "tokens/pass", "acceptance", "identical"])
@@ -128,6 +132,7 @@ def main() -> int:
     print(f"\nspecdec TLI / HF UAG tokens/s = {ratio:.2f}x (goal >= 1.5); tokens per target pass "
           f"{r_tli['tokens/pass']:.2f} vs {r_hf['tokens/pass']:.2f}")
     write_json(args.json, {"target": args.target, "draft": args.draft, "k": k, "dtype": args.dtype,
+                           "draft_dtype": args.draft_dtype or args.dtype,
                            "max_tokens": args.max_tokens, "rows": rows, "specdec_over_hf_uag": ratio})
     return 0
 

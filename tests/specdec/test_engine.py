@@ -279,6 +279,35 @@ def test_runner_forward_matches_fresh_and_tracks_cache(target_lm):
     torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n,num_logits", [(2, 2), (3, 3), (3, 1), (2, 1)])
+def test_runner_pads_short_queries_without_changing_results(target_lm, n, num_logits):
+    """fp32 on CPU: a 2-3 token pass runs as 4 rows (a faster matmul path); the padding is scored
+    and dropped, so logits, the cache and the tokens are those of the unpadded pass."""
+    padded = ModelRunner(target_lm, max_model_len=128, role="target")
+    plain = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=1)
+    assert padded.min_query_tokens == 4 and target_lm.dtype == torch.float32
+    ids = _ids(20, 3)
+    outs = []
+    for runner in (padded, plain):
+        seq = runner.get_or_create("s", seed=0)
+        runner.forward(seq, ids[:12])
+        logits = runner.forward(seq, ids[12 : 12 + n], num_logits=num_logits)
+        assert seq.cache.length == 12 + n and seq.tokens == ids[: 12 + n]
+        nxt = runner.forward(seq, ids[12 + n : 13 + n])  # the next pass sees no trace of the padding
+        outs.append((logits, nxt))
+    assert outs[0][0].shape == (num_logits, 49152)
+    for a, b in zip(outs[0], outs[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_runner_does_not_pad_past_max_model_len(target_lm):
+    runner = ModelRunner(target_lm, max_model_len=14, role="target")
+    seq = runner.get_or_create("s", seed=0)
+    runner.forward(seq, _ids(11))
+    logits = runner.forward(seq, _ids(3, 1), num_logits=3)  # 11 + 3 = 14: no room for a pad token
+    assert logits.shape[0] == 3 and seq.cache.length == 14
+
+
 def test_runner_max_model_len_and_sequence_cap(target_lm):
     runner = ModelRunner(target_lm, max_model_len=16, role="target", max_sequences=2)
     seq = runner.get_or_create("a", seed=0)
