@@ -154,7 +154,11 @@ class ContinuousBatcher(Generic[T, R]):
     def _drain(self) -> None:
         """Run one batch of what is queued. Items arriving meanwhile schedule the next drain, which
         queues behind other batchers' work on a shared compute thread (they take turns)."""
-        if self._should_defer():
+        # how many items may be on their way (asked once per drain: it walks the model's sequences)
+        want = 0
+        if self._expected is not None and (self.defer_to_others or self.max_wait_s > 0):
+            want = min(self.max_batch_size, self._expected())
+        if self._should_defer(want):
             self._deferred += 1
             self.compute.submit(self._drain)  # behind the work queued now; still scheduled
             return
@@ -165,8 +169,8 @@ class ContinuousBatcher(Generic[T, R]):
                 batch.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        if batch and self._expected is not None and self.max_wait_s > 0:
-            self._linger(batch)
+        if batch and self.max_wait_s > 0:
+            self._linger(batch, want)
         with self._lock:
             self._scheduled = False
         if not self._queue.empty():  # a backlog past max_batch_size: its next batch takes its turn
@@ -175,13 +179,12 @@ class ContinuousBatcher(Generic[T, R]):
         if live:
             self._run(live)
 
-    def _should_defer(self, max_deferrals: int = 2) -> bool:
-        if not self.defer_to_others or self._expected is None or self._deferred >= max_deferrals:
+    def _should_defer(self, want: int, max_deferrals: int = 2) -> bool:
+        if not self.defer_to_others or self._deferred >= max_deferrals:
             return False
-        return not self.compute.idle() and self._queue.qsize() < min(self.max_batch_size, self._expected())
+        return not self.compute.idle() and self._queue.qsize() < want
 
-    def _linger(self, batch: list) -> None:
-        want = min(self.max_batch_size, self._expected())
+    def _linger(self, batch: list, want: int) -> None:
         deadline = time.monotonic() + self.max_wait_s
         while len(batch) < want and self.compute.idle():
             remaining = deadline - time.monotonic()

@@ -128,10 +128,22 @@ class ModelRunner:
         n = min(len(cached), len(token_ids) - 1)
         if cached[:n] != token_ids[:n]:
             n = next(i for i, (a, b) in enumerate(zip(cached, token_ids)) if a != b)
-        if n < len(cached):
+        # A pass that raised half-way can leave the cache longer than the token list: the cache's
+        # own length decides, so stale keys/values are never read at the wrong positions.
+        if n < len(cached) or seq.cache.length != n:
+            n = min(n, seq.cache.length)
             seq.cache.truncate(n)
             del cached[n:]
         return token_ids[n:]
+
+    def check_append(self, seq: _Sequence, new_token_ids: list[int]) -> None:
+        """Raise InvalidRequestError if ``new_token_ids`` cannot follow the sequence's cache."""
+        end = seq.cache.length + len(new_token_ids)
+        if end > self.max_model_len:
+            raise InvalidRequestError(
+                f"sequence of {end} tokens exceeds max_model_len={self.max_model_len}", param="max_model_len"
+            )
+        self._check_ids(new_token_ids)
 
     @torch.inference_mode()
     def forward(self, seq: _Sequence, new_token_ids: list[int], num_logits: int = 1) -> torch.Tensor:
@@ -139,16 +151,12 @@ class ModelRunner:
 
         Returns [num_logits, logits_vocab_size] float32 logits.
         """
+        self.check_append(seq, new_token_ids)
         start = seq.cache.length
         end = start + len(new_token_ids)
-        if end > self.max_model_len:
-            raise InvalidRequestError(
-                f"sequence of {end} tokens exceeds max_model_len={self.max_model_len}", param="max_model_len"
-            )
         device = self.lm.device
-        self._check_ids(new_token_ids)
         n = len(new_token_ids)
-        pad = self.min_query_tokens - n if 1 < n < self.min_query_tokens else 0
+        pad = self._query_width(1, n) - n
         if end + pad > self.max_model_len:
             pad = 0
         fed = new_token_ids + new_token_ids[-1:] * pad  # causal: padding after the real tokens never changes them
@@ -195,20 +203,16 @@ class ModelRunner:
     def _forward_padded(self, seqs: list[_Sequence], new_token_ids: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
         device = self.lm.device
         lengths = [len(n) for n in new_token_ids]
-        width = max(lengths)
+        width = self._query_width(len(seqs), max(lengths))  # the extra columns are never scattered back
         starts = [s.cache.length for s in seqs]
-        for start, n in zip(starts, lengths):
-            if start + n > self.max_model_len:
-                raise InvalidRequestError(
-                    f"sequence of {start + n} tokens exceeds max_model_len={self.max_model_len}", param="max_model_len"
-                )
-        for new in new_token_ids:
-            self._check_ids(new)
+        for seq, new in zip(seqs, new_token_ids):
+            self.check_append(seq, new)
         view = BatchKVView([s.cache for s in seqs], width)
         input_ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [batch, width]
         for row, new in enumerate(new_token_ids):
             input_ids[row, : len(new)] = torch.tensor(new, dtype=torch.long)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)  # [batch, width]
+        positions = positions.clamp_max_(self.max_model_len - 1)  # padding columns stay in the model's range
         out = self.lm.model(
             input_ids=input_ids,
             position_ids=positions,
@@ -223,6 +227,13 @@ class ModelRunner:
             logits = out.logits[row, len(new) - n_logits : len(new)].float()  # [n_logits, model_vocab]
             results.append(self._align_vocab(logits))
         return results
+
+    def _query_width(self, batch: int, width: int) -> int:
+        """Tokens per row to feed so a pass of ``batch`` rows of ``width`` new tokens has at least
+        ``min_query_tokens`` rows in its matmuls (single tokens of one sequence stay as they are)."""
+        if batch * width == 1 or batch * width >= self.min_query_tokens:
+            return width
+        return -(-self.min_query_tokens // batch)
 
     def _padded_masks(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """Additive masks [batch, 1, width, kv_len]: query at position p sees keys at positions <= p
@@ -329,15 +340,22 @@ class DraftWorker:
                 check_draft_sample_method(method)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
                 history = self.tli.draft_history(seq.vocab_state, call.token_ids) if self.tli else call.token_ids
+                k = call.num_speculative_tokens
                 if self.tli is not None:
-                    # The re-tokenized text may be empty (a prompt of special tokens only) or longer than
+                    # The re-tokenized text may be empty (a prompt of special tokens only) or reach past
                     # the draft's own context: draft fewer tokens, or none (the target decodes alone).
                     room = runner.max_model_len - len(history) + 1 if history else 0
-                    if room < call.num_speculative_tokens:
+                    if room < k:
                         call = replace(call, num_speculative_tokens=max(room, 0))
                     if call.num_speculative_tokens == 0:
                         return call, seq, [], False
-                return call, seq, runner.sync(seq, history), method == "probabilistic" and not call.params.greedy
+                elif len(history) + k - 1 > runner.max_model_len:  # k steps feed history + k - 1 tokens
+                    raise InvalidRequestError(
+                        f"{len(history)} tokens + {k} draft tokens exceed max_model_len={runner.max_model_len}",
+                        param="max_model_len")
+                new = runner.sync(seq, history)
+                runner.check_append(seq, new)
+                return call, seq, new, method == "probabilistic" and not call.params.greedy
 
             results, rows = _per_call(calls, prepare)
             for r in rows:
@@ -395,7 +413,9 @@ class TargetWorker:
             def prepare(call: VerifyCall):
                 check_proposal(call.proposal, runner.logits_vocab_size)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
-                return call, seq, runner.sync(seq, call.token_ids) + call.proposal.draft_token_ids
+                new = runner.sync(seq, call.token_ids) + call.proposal.draft_token_ids
+                runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
+                return call, seq, new
 
             results, rows = _per_call(calls, prepare)
             if rows:
@@ -411,7 +431,7 @@ class TargetWorker:
 
     def _accept(self, call: VerifyCall, seq: _Sequence, logits: torch.Tensor) -> VerifyResult:
         """logits: [k + 1, vocab] — the target after each draft prefix."""
-        draft = torch.tensor(call.proposal.draft_token_ids, dtype=torch.long)
+        draft = torch.tensor(call.proposal.draft_token_ids, dtype=torch.long, device=logits.device)
         if call.params.greedy:
             n, next_token = greedy_accept(draft, logits.argmax(-1))
         else:

@@ -16,7 +16,7 @@ import torch
 def greedy_accept(draft_token_ids: torch.Tensor, target_argmax: torch.Tensor) -> tuple[int, int]:
     """draft_token_ids: [k]; target_argmax: [k + 1] — the target's argmax after each prefix."""
     k = draft_token_ids.shape[0]
-    mismatch = (draft_token_ids != target_argmax[:k]).nonzero()
+    mismatch = (draft_token_ids.to(target_argmax.device) != target_argmax[:k]).nonzero()
     n = int(mismatch[0, 0]) if mismatch.numel() else k
     return n, int(target_argmax[n])
 
@@ -37,10 +37,14 @@ def rejection_sample(
     normalise(max(p_i - q_i, 0)); when all k are accepted sample the bonus from p_k.
     """
     k = draft_token_ids.shape[0]
-    rows = torch.arange(k)
+    device = target_probs.device
+    draft_token_ids = draft_token_ids.to(device)
+    if draft_probs is not None:
+        draft_probs = draft_probs.to(device)
+    rows = torch.arange(k, device=device)
     p_x = target_probs[rows, draft_token_ids]  # [k]
     q_x = draft_probs[rows, draft_token_ids] if draft_probs is not None else torch.ones_like(p_x)
-    u = torch.rand(k, generator=generator, dtype=torch.float32)
+    u = torch.rand(k, generator=generator, dtype=torch.float32, device=device)
     accepted = u * q_x < p_x  # u < p/q without dividing; q_x > 0 for any token the draft drew
     rejected = (~accepted).nonzero()
     if rejected.numel() == 0:

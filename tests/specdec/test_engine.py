@@ -20,7 +20,9 @@ from specdec.engine import (
     DraftWorker,
     ModelRunner,
     Proposal,
+    ProposeCall,
     TargetWorker,
+    VerifyCall,
     check_num_speculative_tokens,
 )
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
@@ -300,6 +302,31 @@ def test_runner_pads_short_queries_without_changing_results(target_lm, n, num_lo
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("widths", [(1, 1), (1, 1, 1)])
+def test_runner_batched_pass_padded_to_four_rows_matches_single_passes(target_lm, widths):
+    """A padded batch of fewer than 4 rows (fp32 CPU) gets extra columns; they are never scattered
+    back: logits, caches and tokens equal one-sequence passes."""
+    batched = ModelRunner(target_lm, max_model_len=128, role="target")
+    single = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=1)
+    assert batched._query_width(len(widths), max(widths)) > max(widths)
+    prompts = [_ids(8 + i, 10 + i) for i in range(len(widths))]
+    news = [_ids(w, 20 + i) for i, w in enumerate(widths)]
+    seqs = []
+    for i, p in enumerate(prompts):
+        seq = batched.get_or_create(str(i), seed=0)
+        batched.forward(seq, p)
+        seqs.append(seq)
+    out = batched.forward_batch(seqs, news, list(widths))
+    for i, (p, new) in enumerate(zip(prompts, news)):
+        ref_seq = single.get_or_create(str(i), seed=0)
+        single.forward(ref_seq, p)
+        ref = single.forward(ref_seq, new, num_logits=len(new))
+        torch.testing.assert_close(out[i], ref, rtol=1e-4, atol=1e-4)
+        assert seqs[i].cache.length == len(p) + len(new) and seqs[i].tokens == p + new
+        # the next pass sees exactly the real tokens in the cache
+        torch.testing.assert_close(batched.forward(seqs[i], [7]), single.forward(ref_seq, [7]), rtol=1e-4, atol=1e-4)
+
+
 def test_runner_does_not_pad_past_max_model_len(target_lm):
     runner = ModelRunner(target_lm, max_model_len=14, role="target")
     seq = runner.get_or_create("s", seed=0)
@@ -399,6 +426,43 @@ def test_target_worker_verify_rolls_back_rejected_tail(target_lm, hf_greedy):
     worker.release("s")
     again = worker.verify("s", history, Proposal(ref[3:6]), params)
     assert again == result
+
+
+def test_sync_repairs_a_cache_left_ahead_of_its_tokens(target_lm):
+    """A pass that raised half-way leaves the cache longer than the token list; the next sync must
+    roll the cache back, or stale keys/values would sit at the wrong positions."""
+    runner = ModelRunner(target_lm, max_model_len=128, role="target")
+    ids = _ids(16, 4)
+    seq = runner.get_or_create("s", seed=0)
+    runner.forward(seq, ids[:10])
+    del seq.tokens[8:]  # as if the pass feeding ids[8:10] wrote the cache, then failed
+    assert seq.cache.length == 10
+    fed = runner.sync(seq, ids)
+    assert fed == ids[8:] and seq.cache.length == 8
+    logits = runner.forward(seq, fed)
+    with torch.inference_mode():
+        fresh = target_lm.model(torch.tensor([ids])).logits[0, -1:]
+    torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_past_max_model_len_fails_alone_in_its_batch(target_lm, draft_lm):
+    """Length and id checks run per row before the batched pass: the neighbours still get results,
+    equal to their unbatched ones."""
+    params = SamplingParams(temperature=0)
+    good, long = _ids(10, 6), _ids(60, 7)
+    target = TargetWorker(ModelRunner(target_lm, 64, role="target"))
+    bad, ok = target.verify_batch([VerifyCall("long", long, Proposal(long[:5]), params),
+                                   VerifyCall("good", good, Proposal(good[:3]), params)])
+    assert isinstance(bad, InvalidRequestError) and "max_model_len" in str(bad)
+    target.release("good")
+    assert ok == target.verify("good", good, Proposal(good[:3]), params)
+    draft = DraftWorker(ModelRunner(draft_lm, 64, role="draft"))
+    bad, ok, bad_ids = draft.propose_batch([ProposeCall("long", long, 6, params), ProposeCall("good", good, 3, params),
+                                            ProposeCall("ids", [10**7], 2, params)])
+    assert isinstance(bad, InvalidRequestError) and "max_model_len" in str(bad)
+    assert isinstance(bad_ids, InvalidRequestError) and "vocabulary" in str(bad_ids)
+    draft.release("good")
+    assert ok.draft_token_ids == draft.propose("good", good, 3, params).draft_token_ids
 
 
 def test_target_worker_no_drafts_is_plain_decoding(target_lm, hf_greedy):
