@@ -10,7 +10,7 @@ import pytest
 
 import specdec.backend
 from gateway.config import GatewayConfig
-from specdec.errors import BackendUnavailableError, ConfigError
+from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError
 from specdec.v1 import generation_service_pb2_grpc
 from tests.services_conftest_helpers import (
     PROMPTS,
@@ -34,9 +34,9 @@ def test_draft_with_another_tokenizer_is_refused(servers, target_dir, other_voca
 
 def test_num_speculative_tokens_out_of_range_is_refused(servers, target_dir):
     target = servers.target(target_dir)
-    with pytest.raises(Exception) as info:  # noqa: PT011 - the type is checked below
+    with pytest.raises(InvalidRequestError, match="num_speculative_tokens") as info:
         servers.gateway(target, None, num_speculative_tokens=0)
-    assert "num_speculative_tokens" in str(info.value)
+    assert info.value.param == "num_speculative_tokens"
 
 
 def _unused_port() -> int:

@@ -250,19 +250,17 @@ def test_out_of_vocab_prompt_ids_rejected(self_spec_llm, bad_id):
 
 
 def test_padded_target_vocab_with_unpadded_draft(padded_target_dir, good_draft_dir, spec):
-    """Prompt ids the target accepts (< its padded vocab) but the draft's embedding lacks must be
-    handled: either generated (the draft never sees ids it does not have) or refused as an invalid
-    request — never an IndexError from inside the draft model."""
+    """Prompt ids the target's padded embedding has but its tokenizer never produces (and the draft
+    lacks) are refused as an invalid prompt, naming the ids — never an IndexError from inside the
+    draft model. Ids both have decode exactly as the target alone does."""
     llm = LLM(str(padded_target_dir), speculative_config=spec(good_draft_dir, 3), dtype="float32")
     assert llm.target.vocab_size == 49152 + 64 and llm.draft.vocab_size == 49152
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, _greedy(max_tokens=4))[0].outputs[0]
-    assert len(out.token_ids) == 4
-    try:
-        out = llm.generate({"prompt_token_ids": [5, 49152 + 10, 7]}, _greedy(max_tokens=4))[0].outputs[0]
-    except InvalidRequestError as exc:
-        assert exc.param == "prompt"
-    else:
-        assert len(out.token_ids) == 4
+    alone = LLM(str(padded_target_dir), dtype="float32").generate({"prompt_token_ids": [5, 6, 7]}, _greedy(max_tokens=4))
+    assert out.token_ids == alone[0].outputs[0].token_ids
+    with pytest.raises(InvalidRequestError, match=str(49152 + 10)) as exc:
+        llm.generate({"prompt_token_ids": [5, 49152 + 10, 7]}, _greedy(max_tokens=4))
+    assert exc.value.param == "prompt"
 
 
 def test_prompt_at_or_over_max_model_len_rejected(target_dir, spec):

@@ -40,14 +40,16 @@ def spec_config(k: int, method: str = "greedy", **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def target_only(cached_model_loading):
-    """{prompt: (prompt ids, 24 greedy token ids)} of Gemma-3-270M alone, float32."""
+def target_only(cached_model_loading, hf_greedy):
+    """{prompt: (prompt ids, 24 greedy token ids)} of Gemma-3-270M alone, float32 -- specdec's
+    target-only decoding, checked against Hugging Face ``generate`` on the same weights."""
     require_packages(TARGET_NAME, DRAFT_NAME)
     llm = LLM(TARGET_NAME, dtype="float32")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
     refs = {}
     for prompt, out in zip(PROMPTS, outs):
         assert len(out.outputs[0].token_ids) == MAX_TOKENS
+        assert out.outputs[0].token_ids == hf_greedy(llm.target.model, out.prompt_token_ids, MAX_TOKENS), prompt
         refs[prompt] = (out.prompt_token_ids, out.outputs[0].token_ids)
     return refs
 

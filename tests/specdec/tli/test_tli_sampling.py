@@ -124,9 +124,12 @@ def test_probabilistic_proposal_q_is_the_restricted_draft_distribution_in_target
     torch.testing.assert_close(prop.draft_probs.sum(-1), torch.ones(2), atol=1e-5, rtol=0)
     for tok, q in zip(prop.draft_token_ids, prop.draft_probs):
         assert float(q[tok]) > 0
-    tli = worker.tli
-    want_draft_q = process_logits(tli.restrict(last_logits(pair.draft, pair.draft_prompt_ids)), params)
-    want = tli.q_to_target(want_draft_q)
+    # Independent reference: softmax of the 8 pinned draft logits (top_k=8 keeps exactly them), each
+    # at the target id of the same word.
+    values = torch.softmax(torch.tensor(list(DRAFT_LOGITS.values())), 0)
+    want = torch.zeros(len(pair.target_tok))
+    for word, v in zip(DRAFT_LOGITS, values):
+        want[_single_id(pair.target_tok, word)] = v
     torch.testing.assert_close(prop.draft_probs[0], want, atol=1e-5, rtol=0)
     expected_support = sorted(_single_id(pair.target_tok, w) for w in DRAFT_LOGITS)
     assert prop.draft_probs[0].nonzero().flatten().tolist() == expected_support

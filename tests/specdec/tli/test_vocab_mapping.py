@@ -296,8 +296,6 @@ def test_cache_round_trip(gemma_tok, smollm2_tok, tmp_path, caplog):
         load_s = time.perf_counter() - t0
     assert second == first
     assert second is not first
-    assert load_s < build_s / 3, (load_s, build_s)
-    assert load_s < 1.0
     msgs = [r.getMessage() for r in caplog.records]
     assert any("46,1" in s and "17.6% of the draft" in s and "93.9% of the target" in s and "built" in s for s in msgs)
     assert any("loaded from" in s for s in msgs)
