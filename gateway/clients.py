@@ -81,7 +81,9 @@ class _RemoteBackend:
 
     def _call(self, rpc, make_request: Callable[[int, list[int]], object], sequence_id: str, token_ids: list[int]):
         with self._lock:
-            start = self._held.get(sequence_id, 0)
+            # Known from the first attempt on: a first call that fails after the service created the
+            # sequence (deadline, cancel) must still be released, not left to the idle expiry.
+            start = self._held.setdefault(sequence_id, 0)
         start = min(start, len(token_ids))
         give_up = time.monotonic() + self.retry_seconds
         delay = 0.05

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -264,7 +265,10 @@ def _chat_prompt(gateway: Gateway, messages: list[ChatMessage]) -> list[int]:
     if gateway.tokenizer.chat_template is None:
         raise InvalidRequestError("the served model's tokenizer has no chat template; use /v1/completions",
                                   param="messages")
-    ids = gateway.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    try:
+        ids = gateway.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    except jinja2.TemplateError as exc:  # the template's own checks (e.g. roles must alternate)
+        raise InvalidRequestError(f"the chat template refused these messages: {exc}", param="messages") from None
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)

@@ -92,7 +92,11 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
 
         app = create_app(gateway, api_key=config.api_key, served_model_name=config.served_model_name,
                          request_timeout=config.request_timeout_seconds)
-        http = HttpServer(app, config.host, config.http_port)
+        try:
+            http = HttpServer(app, config.host, config.http_port)
+        except BaseException:  # e.g. the HTTP port is taken: stop what already started
+            handle.stop(0)
+            raise
         handle.http_port = http.port
         handle.on_stop.insert(0, http.stop)
     handle.set_serving(True)

@@ -264,3 +264,18 @@ def test_errors_leave_the_server_healthy(client, model, http_stack):
     resp = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     assert resp.usage.completion_tokens == 4
     wait_released(http_stack)
+
+
+def test_chat_template_refusing_the_messages_is_400_naming_messages(client, model, http_stack):
+    """Templates check the conversation themselves (Gemma's: roles must alternate) and raise; that
+    is the caller's mistake: 400 naming `messages`, never a 500, and the server keeps serving."""
+    tokenizer = http_stack.gateway.backend.tokenizer
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+    try:
+        exc = bad_request(lambda: client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4),
+                          "messages")
+        assert "roles must alternate" in exc.message
+    finally:
+        tokenizer.chat_template = saved
+    assert client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2).choices[0].message.content is not None
