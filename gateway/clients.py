@@ -160,8 +160,21 @@ class RemoteDraft(_RemoteBackend):
             )
 
         resp = self._call(self._stub.Propose, make, sequence_id, token_ids)
-        draft = list(resp.draft_token_ids)
-        return Proposal(draft, probs_from_proto(resp.draft_probs, len(draft), self.vocab_size))
+        return RemoteProposal(list(resp.draft_token_ids), list(resp.draft_probs), self.vocab_size)
+
+
+class RemoteProposal(Proposal):
+    """A proposal as the draft service sent it. The gateway only forwards q, so it stays in its wire
+    form (sparse rows) on its way to the target; ``draft_probs`` decodes it only if someone asks."""
+
+    def __init__(self, draft_token_ids: list[int], wire_probs: list, vocab_size: int):
+        self.draft_token_ids = draft_token_ids
+        self.wire_probs = wire_probs
+        self._vocab_size = vocab_size
+
+    @property
+    def draft_probs(self):  # type: ignore[override]
+        return probs_from_proto(self.wire_probs, len(self.draft_token_ids), self._vocab_size)
 
 
 class RemoteTarget(_RemoteBackend):
@@ -173,7 +186,7 @@ class RemoteTarget(_RemoteBackend):
 
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
         sampling = sampling_to_proto(params)
-        probs = probs_to_proto(proposal.draft_probs)
+        probs = proposal.wire_probs if isinstance(proposal, RemoteProposal) else probs_to_proto(proposal.draft_probs)
 
         def make(start: int, new: list[int]):
             return target_service_pb2.VerifyRequest(

@@ -45,3 +45,30 @@ def test_a_sequence_whose_first_call_failed_is_still_released():
         assert stub.released == ["s1"]
     finally:
         client.close()
+
+
+def test_draft_probs_travel_to_the_target_as_the_draft_sent_them():
+    """The gateway never uses q: the draft's sparse rows go into VerifyRequest as they came, with no
+    dense [k, vocab] tensor in between (still decodable on demand)."""
+    from gateway.clients import RemoteProposal
+    from specdec.v1 import common_pb2, target_service_pb2
+
+    rows = [common_pb2.TokenDistribution(token_ids=[4, 9], probs=[0.75, 0.25])]
+    proposal = RemoteProposal([4], rows, vocab_size=262_144)
+    sent = []
+
+    class Stub:
+        def Verify(self, request, timeout=None):  # noqa: N802 - gRPC method name
+            sent.append(request)
+            return target_service_pb2.VerifyResponse(num_accepted_tokens=1, bonus_token_id=7)
+
+    client = RemoteTarget("127.0.0.1:1")
+    client._stub = Stub()
+    try:
+        result = client.verify("s", [1, 2], proposal, SamplingParams(temperature=1.0, seed=0))
+    finally:
+        client.close()
+    assert (result.num_accepted_tokens, result.next_token_id) == (1, 7)
+    assert list(sent[0].draft_probs) == rows
+    q = proposal.draft_probs
+    assert q.shape == (1, 262_144) and float(q[0, 4]) == 0.75 and float(q[0, 9]) == 0.25 and float(q.sum()) == 1.0
