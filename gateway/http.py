@@ -201,7 +201,7 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
         k = body.num_speculative_tokens
         if body.stream:
             return _sse(_stream_completion(gateway, seqs, k, rid, model_name, body, texts, request_timeout))
-        await asyncio.gather(*(asyncio.to_thread(_run_to_end, gateway, s, k, request_timeout) for s in seqs))
+        await _run_to_end(gateway, seqs, k, request_timeout, request)
         choices = [{"index": i, "text": (texts[i // body.n] if texts else "") + s.text, "logprobs": None,
                     "finish_reason": s.finish_reason, "stop_reason": s.stop_reason} for i, s in enumerate(seqs)]
         return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name,
@@ -217,7 +217,7 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
         k = body.num_speculative_tokens
         if body.stream:
             return _sse(_stream_chat(gateway, seqs, k, rid, model_name, body, request_timeout))
-        await asyncio.gather(*(asyncio.to_thread(_run_to_end, gateway, s, k, request_timeout) for s in seqs))
+        await _run_to_end(gateway, seqs, k, request_timeout, request)
         choices = [{"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": None,
                     "finish_reason": s.finish_reason, "stop_reason": s.stop_reason} for i, s in enumerate(seqs)]
         return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model_name,
@@ -280,9 +280,23 @@ def _new_seq(gateway: Gateway, ids: list[int], params: SamplingParams, index: in
     return gateway.new_sequence(ids, params)
 
 
-def _run_to_end(gateway: Gateway, seq: SequenceState, k: int | None, timeout: float | None) -> None:
-    for _ in gateway.stream(seq, k, deadline_from_timeout(timeout)):
-        pass
+async def _run_to_end(gateway: Gateway, seqs: list[SequenceState], k: int | None, timeout: float | None,
+                      request: Request) -> None:
+    """A non-streamed request: every sequence runs to its end on a thread of its own (not a shared
+    pool that a large n could fill); a client that goes away cancels them all, freeing the caches."""
+    async def disconnected() -> None:  # the body is read: the next ASGI message is the disconnect
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    deltas = _deltas(gateway, seqs, k, timeout)
+    try:
+        async for _ in deltas:
+            if watcher.done():
+                break
+    finally:
+        watcher.cancel()
+        await deltas.aclose()
 
 
 def _usage(seqs: list[SequenceState], prompts: list[list[int]]) -> dict:

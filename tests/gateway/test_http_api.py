@@ -439,3 +439,23 @@ def test_missing_api_key_is_401(http_stack, model):
         assert_error_body(r, 401)
         r = c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_abandoned_non_streamed_request_releases_both_services(http_stack, model, path):
+    """A client that gives up on a non-streamed request (its timeout) cancels the generation: it stops
+    within a few rounds and both caches are freed."""
+    from tests.gateway.http_helpers import httpx
+
+    wait_released(http_stack)
+    gateway = http_stack.gateway.backend
+    body = {"model": model, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "n": 2}
+    body.update({"messages": MESSAGES} if "chat" in path else {"prompt": PROMPTS[1]})
+    with SlowCalls(gateway.target, "verify", 0.05) as slow:
+        with raw_client(http_stack, timeout=1.0) as c, pytest.raises(httpx.TimeoutException):
+            c.post(path, json=body)
+        wait_released(http_stack, timeout=10)
+        calls = slow.calls
+    assert 0 < calls < 80, f"the gateway ran {calls} rounds for 2 abandoned sequences"
+    with raw_client(http_stack) as c:
+        assert c.post("/v1/completions", json={"model": model, "prompt": PROMPTS[0], "max_tokens": 2}).status_code == 200
