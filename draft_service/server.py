@@ -34,7 +34,7 @@ class DraftServicer(BackendServicerMixin, draft_service_pb2_grpc.DraftServiceSer
 
     @map_errors
     def Propose(self, request: draft_service_pb2.ProposeRequest, context: grpc.ServicerContext):
-        require_ready(self.backend.ready, context)
+        require_ready(self.backend)
         tokens = self.backend.history(request.sequence_id, request.start_position, list(request.new_token_ids))
         call = ProposeCall(
             sequence_id=request.sequence_id,

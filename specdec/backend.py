@@ -73,6 +73,7 @@ class Backend:
         self.tli = None
         self.lm: LoadedModel | None = None
         self.ready = threading.Event()
+        self.load_error: Exception | None = None  # why load() failed, for callers (never retried)
         self._stop = threading.Event()
         self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
 

@@ -90,8 +90,12 @@ def map_stream_errors(method: Callable) -> Callable:
     return wrapper
 
 
-def require_ready(ready: threading.Event, context: grpc.ServicerContext) -> None:
-    if not ready.is_set():
+def require_ready(backend: Any) -> None:
+    """Refuse calls until the backend's model is loaded; say why for good if loading failed."""
+    if not backend.ready.is_set():
+        error = getattr(backend, "load_error", None)
+        if error is not None:  # FAILED_PRECONDITION: retrying will not help; the operator must act
+            raise ConfigError(f"the model failed to load: {type(error).__name__}: {error}")
         raise BackendUnavailableError("the model is still loading; retry shortly")
 
 
@@ -249,34 +253,27 @@ def start_backend_server(backend, register, service_names: list[str], host: str,
     handle.backend = backend
     handle.on_stop.append(backend.close)
 
-    def load():
+    def load() -> None:
         try:
             backend.load()
-        except Exception:
-            logger.exception("loading the model failed; the service stays NOT_SERVING")
-            raise
+        except Exception as exc:  # kept on the backend: calls answer FAILED_PRECONDITION with it
+            backend.load_error = exc
+            if load_async:
+                logger.exception("loading the model failed; the service stays NOT_SERVING and answers "
+                                 "FAILED_PRECONDITION")
+            return
         if backend.ready.is_set():
             handle.set_serving(True)
 
     # Load on a thread of its own even when the caller waits: the thread's OpenMP pool goes away
     # with it, rather than staying on the caller's thread (see specdec.batching).
-    if load_async:
-        threading.Thread(target=load, name="model-load", daemon=True).start()
-    else:
-        failure: list[BaseException] = []
-
-        def load_or_record():
-            try:
-                load()
-            except BaseException as exc:  # re-raised on the caller's thread
-                failure.append(exc)
-
-        loader = threading.Thread(target=load_or_record, name="model-load", daemon=True)
-        loader.start()
+    loader = threading.Thread(target=load, name="model-load", daemon=True)
+    loader.start()
+    if not load_async:
         loader.join()
-        if failure:
+        if backend.load_error is not None:
             handle.stop(0)
-            raise failure[0]
+            raise backend.load_error
     return handle
 
 
@@ -287,10 +284,10 @@ class BackendServicerMixin:
 
     @map_errors
     def GetInfo(self, request, context):
-        require_ready(self.backend.ready, context)
+        require_ready(self.backend)
         return common_pb2.GetInfoResponse(info=model_info_to_proto(self.backend.info()))
 
     @map_errors
     def ReleaseSequence(self, request, context):
-        require_ready(self.backend.ready, context)
+        require_ready(self.backend)
         return common_pb2.ReleaseSequenceResponse(released=self.backend.release(request.sequence_id))

@@ -29,7 +29,7 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
 
     @map_errors
     def Verify(self, request: target_service_pb2.VerifyRequest, context: grpc.ServicerContext):
-        require_ready(self.backend.ready, context)
+        require_ready(self.backend)
         tokens = self.backend.history(request.sequence_id, request.start_position, list(request.new_token_ids))
         draft = list(request.draft_token_ids)
         probs = probs_from_proto(request.draft_probs, len(draft), self.backend.lm.vocab_size)

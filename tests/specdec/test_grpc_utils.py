@@ -182,7 +182,7 @@ class _Servicer:
             left = time_remaining(context)
             return b"none" if left is None else f"{left:.3f}".encode()
         if what == "not-ready":
-            require_ready(self.ready, context)
+            require_ready(self)
             return b"ready"
         raise {
             "invalid": InvalidRequestError("max_tokens must be >= 1", param="max_tokens"),

@@ -399,6 +399,11 @@ def test_unloadable_model(servers, tmp_path):
         t.join(30)
     with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as ch:
         assert health_status(ch) == NOT_SERVING
+        # calls say why, for good (not "still loading; retry"): the operator must fix the model
+        err = rpc_error(lambda: target_service_pb2_grpc.TargetServiceStub(ch).GetInfo(
+            common_pb2.GetInfoRequest(), timeout=10))
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "failed to load" in err.details() and str(missing) in err.details()
 
 
 def test_stopping_a_service_while_its_model_loads_leaves_no_worker_threads(servers, target_dir, monkeypatch):
