@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install specdec and what it needs into the current Python environment (no internet beyond PyPI).
-# torch is pinned to the CPU wheel 2.13.0 first, so nothing later can pull a CUDA build.
+# torch 2.13.0 is installed first, so nothing later picks another version. Where pip finds only
+# PyPI (whose Linux torch is the CUDA build), set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+# for the CPU wheel; CI and this project's machines have the CPU wheel on disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="python -m pip"
