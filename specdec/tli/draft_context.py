@@ -63,7 +63,7 @@ class DraftContext:
         table = analyze_tokenizer(draft_tokenizer)
         self._bytes: list[bytes | None] = table.bytes
         self._rev: dict[bytes, int] = table.canonical()
-        self._max_len = max((len(b) for b in self._rev), default=1)
+        self._max_len = table.max_token_bytes  # computed once per tokenizer, not per sequence
         self._byte_ids = [self._rev.get(bytes([b])) for b in range(256)]
         self._special_strings = [
             piece for i in table.special_ids if (piece := self._backend.id_to_token(i)) is not None

@@ -148,6 +148,11 @@ class TokenTable:
         return self._canonical
 
     @cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token's byte length (bounds the greedy match of re-tokenization)."""
+        return max((len(b) for b in self._canonical), default=1)
+
+    @cached_property
     def _canonical(self) -> dict[bytes, int]:
         best: dict[bytes, int] = {}
         kinds = self.kinds
