@@ -45,7 +45,8 @@ def _domain_error(role: str, err: grpc.RpcError) -> Exception:
         return SequenceNotFoundError(msg)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return TimeoutError(msg)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.FAILED_PRECONDITION):
+        # FAILED_PRECONDITION: the service cannot serve at all (its model failed to load): a 503, not a 500
         return BackendUnavailableError(f"{msg} ({code.name})")
     return RuntimeError(f"{msg} ({code.name})")
 

@@ -72,3 +72,27 @@ def test_draft_probs_travel_to_the_target_as_the_draft_sent_them():
     assert list(sent[0].draft_probs) == rows
     q = proposal.draft_probs
     assert q.shape == (1, 262_144) and float(q[0, 4]) == 0.75 and float(q[0, 9]) == 0.25 and float(q.sum()) == 1.0
+
+
+def test_a_service_that_cannot_serve_is_backend_unavailable_not_an_internal_error():
+    """FAILED_PRECONDITION (e.g. its model failed to load) reaches HTTP clients as a 503."""
+    from specdec.errors import BackendUnavailableError
+
+    class Failed(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.FAILED_PRECONDITION
+
+        def details(self):
+            return "the model failed to load: ModelNotFoundError: /models/x"
+
+    class Stub:
+        def Verify(self, request, timeout=None):  # noqa: N802 - gRPC method name
+            raise Failed()
+
+    client = RemoteTarget("127.0.0.1:1")
+    client._stub = Stub()
+    try:
+        with pytest.raises(BackendUnavailableError, match="failed to load"):
+            client.verify("s", [1], Proposal([]), SamplingParams(temperature=0))
+    finally:
+        client.close()
