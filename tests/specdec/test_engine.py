@@ -29,6 +29,7 @@ from specdec.errors import InvalidRequestError, ResourceExhaustedError, Sequence
 from specdec.models import load_model
 from specdec.sampling import process_logits
 from specdec.sequence import SequenceState
+from tests.broken_samplers import accept_always
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")
 
@@ -207,16 +208,11 @@ def test_sampling_target_alone_first_token(target_dir, target_model, tokenizer, 
     assert chi2_pvalue([firsts[t] for t in range(p1.numel())], p1) > 1e-3
 
 
-def _accept_always(draft_token_ids, draft_probs, target_probs, generator):
-    k = draft_token_ids.shape[0]
-    return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
-
-
 def test_negative_control_lossy_verifier_is_detected(
     monkeypatch, target_dir, bad_draft_dir, target_model, tokenizer, spec, chi2_pvalue
 ):
     """The same statistical check rejects a verifier that accepts every draft."""
-    monkeypatch.setattr(engine, "rejection_sample", _accept_always)
+    monkeypatch.setattr(engine, "rejection_sample", accept_always)
     params = SamplingParams(temperature=1.0, seed=11)
     llm = LLM(str(target_dir), speculative_config=spec(bad_draft_dir, 2, draft_sample_method="probabilistic"), dtype="float32")
     samples, stats = _sample_first_two(llm, SAMPLING_PROMPT, params, 100)

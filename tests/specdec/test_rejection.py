@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from specdec.rejection import greedy_accept, rejection_sample
+from tests.broken_samplers import accept_always, recover_from_p
 
 VOCAB = 8
 NUM_DRAWS = 16_000
@@ -80,28 +81,9 @@ def _positions_pvalues(chi2_pvalue, counts, target_probs, min_rounds=2000):
 # broken samplers for the negative controls
 
 
-def _accept_always(draft, draft_probs, target_probs, generator):
-    k = draft.shape[0]
-    return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
-
-
 def _return_draft_token(draft, draft_probs, target_probs, generator):
     """Emits the first draft token unconditionally as the 'recovered' token."""
     return 0, int(draft[0])
-
-
-def _recover_from_p(draft, draft_probs, target_probs, generator):
-    """The classic mistake: after a rejection sample from p instead of norm(max(p - q, 0))."""
-    k = draft.shape[0]
-    rows = torch.arange(k)
-    p_x = target_probs[rows, draft]
-    q_x = draft_probs[rows, draft] if draft_probs is not None else torch.ones_like(p_x)
-    u = torch.rand(k, generator=generator)
-    rejected = (~(u * q_x < p_x)).nonzero()
-    if rejected.numel() == 0:
-        return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
-    n = int(rejected[0, 0])
-    return n, int(torch.multinomial(target_probs[n], 1, generator=generator))
 
 
 def _accept_if_p_positive(draft, draft_probs, target_probs, generator):
@@ -157,7 +139,7 @@ def test_one_hot_draft_on_zero_probability_token_is_always_rejected():
 
 
 @pytest.mark.parametrize(
-    "broken", [_accept_always, _return_draft_token, _recover_from_p, _accept_if_p_positive], ids=lambda f: f.__name__
+    "broken", [accept_always, _return_draft_token, recover_from_p, _accept_if_p_positive], ids=lambda f: f.__name__
 )
 def test_negative_control_broken_samplers_are_detected(broken, chi2_pvalue):
     """The same statistical check fails for samplers that are not lossless."""
@@ -167,8 +149,8 @@ def test_negative_control_broken_samplers_are_detected(broken, chi2_pvalue):
     assert pv < REJECT, f"{broken.__name__} was not detected (p-value {pv:.3g})"
 
 
-def test_negative_control_one_hot_draft_accept_always(chi2_pvalue):
-    counts, _, p = _run(_accept_always, 1, NUM_DRAWS // 4, seed=3, one_hot_draft=2)
+def test_negative_control_one_hot_draftaccept_always(chi2_pvalue):
+    counts, _, p = _run(accept_always, 1, NUM_DRAWS // 4, seed=3, one_hot_draft=2)
     assert chi2_pvalue(counts[0], p[0]) < REJECT
 
 

@@ -28,6 +28,7 @@ from specdec.engine import ProposeCall, VerifyCall
 from specdec.sampling import process_logits
 from specdec.tli.adapter import TLIAdapter
 from tests.specdec.tli.tiny_tli import last_logits, llm_over, pin_next_token_logits, real_tokenizers, tiny_llama
+from tests.broken_samplers import accept_always, recover_from_p
 
 PROMPT = "The quick brown fox"
 TOP_K = 8
@@ -146,24 +147,7 @@ def test_first_token_follows_target_distribution(pair, chi2_pvalue, method, k, r
     assert pv >= ALPHA, f"{method}: first tokens do not follow p (chi-square p={pv:.2e}): {table}"
 
 
-def _accept_all(draft_token_ids, draft_probs, target_probs, generator):
-    """BROKEN: accept every draft (the output follows q, not p)."""
-    k = draft_token_ids.shape[0]
-    return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
-
-
-def _recover_from_p(draft_token_ids, draft_probs, target_probs, generator):
-    """BROKEN: the usual accept test, but a rejected draft is replaced by a sample of p, not of the residual."""
-    k = draft_token_ids.shape[0]
-    for i in range(k):
-        x = int(draft_token_ids[i])
-        q_x = float(draft_probs[i, x]) if draft_probs is not None else 1.0
-        if float(torch.rand((), generator=generator)) * q_x >= float(target_probs[i, x]):
-            return i, int(torch.multinomial(target_probs[i], 1, generator=generator))
-    return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
-
-
-@pytest.mark.parametrize("broken, method", [(_accept_all, "probabilistic"), (_recover_from_p, "greedy")])
+@pytest.mark.parametrize("broken, method", [(accept_always, "probabilistic"), (recover_from_p, "greedy")])
 def test_negative_control_broken_acceptance_is_detected(pair, chi2_pvalue, monkeypatch, broken, method):
     """The same statistic, on samples from a broken acceptance rule, must reject."""
     monkeypatch.setattr(specdec.engine, "rejection_sample", broken)
