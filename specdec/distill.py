@@ -62,6 +62,7 @@ import argparse
 import ast
 import copy
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -110,6 +111,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init", choices=["copy", "embed", "random"], default="copy",
                    help="copy: embeddings and a spread of the target's layers (projected when --hidden is "
                    "smaller; default); embed: embeddings only; random: nothing")
+    g.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from an existing draft (a Hugging Face folder with this architecture), e.g. to "
+                        "fine-tune a shipped draft on new data")
     g.add_argument("--init-layers", default=None,
                    help="comma-separated target layers to copy (default: evenly spread, first and last included)")
     g.add_argument("--projection", choices=["hidden", "embedding"], default="hidden",
@@ -132,6 +136,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-tokens", type=int, default=16_384, help="held-out tokens (default 16384)")
     g.add_argument("--top-k", type=int, default=32, help="teacher top-k ids/log-probs stored per position (default 32)")
     g.add_argument("--teacher-batch", type=int, default=16, help="chunks per teacher forward (default 16)")
+    g.add_argument("--generated-tokens", type=int, default=0,
+                   help="on-policy data: this many tokens of the target's own greedy continuations of corpus "
+                        "snippets, labelled while they are generated (default 0 = none)")
+    g.add_argument("--generate-prompt-len", type=int, default=32,
+                   help="tokens of corpus text (or of free sampling) before each greedy continuation (default 32)")
+    g.add_argument("--generate-free-fraction", type=float, default=0.25,
+                   help="share of continuations whose prompt is sampled from the target itself (T=1) instead of "
+                        "taken from the corpus, for general text (default 0.25)")
+    g.add_argument("--generate-batch", type=int, default=32, help="continuations generated at once (default 32)")
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=60.0,
                    help="wall-time budget of the training loop incl. teacher labelling, total over resumed runs "
@@ -177,6 +190,7 @@ class DistillConfig:
     intermediate: int | None = 1024
     init: str = "copy"
     init_layers: str | None = None
+    init_from: str | None = None
     projection: str = "hidden"
     corpus: list[str] | None = None
     seq_len: int = 256
@@ -186,6 +200,10 @@ class DistillConfig:
     label_fraction: float = 0.5
     top_k: int = 32
     teacher_batch: int = 16
+    generated_tokens: int = 0
+    generate_prompt_len: int = 32
+    generate_free_fraction: float = 0.25
+    generate_batch: int = 32
     minutes: float = 60.0
     max_steps: int = 0
     batch_size: int = 8
@@ -223,6 +241,14 @@ class DistillConfig:
             raise ConfigError("give --minutes or --max-steps (both are 0: training would never stop)")
         if self.temperature <= 0:
             raise ConfigError("--temperature must be > 0")
+        if self.generated_tokens < 0:
+            raise ConfigError("--generated-tokens must be >= 0")
+        if self.generated_tokens and not 1 <= self.generate_prompt_len < self.seq_len:
+            raise ConfigError(f"--generate-prompt-len must be between 1 and --seq-len - 1 ({self.seq_len - 1})")
+        if not 0 <= self.generate_free_fraction <= 1:
+            raise ConfigError("--generate-free-fraction must be between 0 and 1")
+        if self.generate_batch < 1:
+            raise ConfigError("--generate-batch must be >= 1")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -573,6 +599,115 @@ class TeacherCache:
 
 
 # --------------------------------------------------------------------------------------------------
+# On-policy data: the target's own continuations
+
+
+@torch.no_grad()
+def generate_onpolicy(model: Any, prompts: torch.Tensor, seq_len: int, k: int, sample_until: int,
+                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target continues ``prompts`` (B,P) to ``seq_len`` tokens in one batched KV-cache loop, greedily
+    from position ``sample_until`` on (tokens before it are sampled at T=1). The top-k next-token
+    log-probabilities of every position come from the same forward passes, so the chunk is labelled as it
+    is generated. Returns tokens (B,T) int32, top-k ids (B,T,k) int64, log-probs (B,T,k) fp32."""
+    from transformers import DynamicCache
+
+    b, p = prompts.shape
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    cache = DynamicCache(config=model.config)
+    tokens = torch.empty(b, seq_len, dtype=torch.long)
+    tokens[:, :p] = prompts
+    ids = torch.empty(b, seq_len, k, dtype=torch.long)
+    lps = torch.empty(b, seq_len, k, dtype=torch.float32)
+    pos, inp = 0, prompts.long()
+    while True:
+        n = inp.shape[1]
+        out = model(input_ids=inp, position_ids=torch.arange(pos, pos + n).expand(b, n), use_cache=True,
+                    **{cache_kw: cache})
+        logp = torch.log_softmax(out.logits.float(), dim=-1)  # the model's forward applies any softcap
+        v, i = torch.topk(logp, k, dim=-1, sorted=True)
+        ids[:, pos: pos + n], lps[:, pos: pos + n] = i, v
+        pos += n
+        if pos >= seq_len:
+            break
+        last = logp[:, -1]
+        if pos < sample_until:
+            nxt = torch.multinomial(last.exp(), 1, generator=generator)
+        else:
+            nxt = last.argmax(-1, keepdim=True)
+        tokens[:, pos] = nxt[:, 0]
+        inp = nxt
+    return tokens.to(torch.int32), ids, lps
+
+
+class GeneratedData:
+    """On-policy chunks (tokens + teacher labels in the same file), stored in shards like TeacherCache.
+
+    Training prompts are windows of the training chunks, held-out ones windows of the held-out chunks,
+    so the held-out continuations start from text the draft never trains on. A ``free_fraction`` of the
+    rows instead start from the separator token and let the target sample its own first tokens (T=1),
+    which covers general text that the corpus lacks. Each row is fully determined by the seed and its
+    index, so an interrupted generation resumes shard by shard."""
+
+    def __init__(self, folder: Path, cfg: "DistillConfig", data: "Dataset", sep_id: int | None, shard_size: int):
+        self.cfg = cfg
+        self.data = data
+        self.sep_id = sep_id
+        self.n = {"train": cfg.generated_tokens // cfg.seq_len,
+                  "eval": min(16, max(4, cfg.generated_tokens // cfg.seq_len // 20)) if cfg.generated_tokens else 0}
+        self.labels = TeacherCache(folder, cfg.top_k, 1 << 20, shard_size)  # int32 ids: generic vocab
+        self.shard_size = shard_size
+
+    def shards(self, split: str) -> int:
+        return math.ceil(self.n[split] / self.shard_size)
+
+    def _row_prompt(self, split: str, row: int) -> tuple[torch.Tensor, bool]:
+        cfg = self.cfg
+        rng = random.Random(f"{cfg.seed}:{split}:{row}")
+        free = self.sep_id is not None and rng.random() < cfg.generate_free_fraction
+        if free:
+            return torch.tensor([self.sep_id]), True
+        src = self.data.train if split == "train" else self.data.eval
+        chunk = src[rng.randrange(len(src))]
+        start = rng.randrange(0, cfg.seq_len - cfg.generate_prompt_len + 1)
+        return chunk[start: start + cfg.generate_prompt_len].long(), False
+
+    def generate(self, model: Any, split: str, shard: int, bar: Any = None) -> None:
+        from safetensors.torch import save_file
+
+        cfg = self.cfg
+        rows = range(shard * self.shard_size, min(self.n[split], (shard + 1) * self.shard_size))
+        prompts = [self._row_prompt(split, r) for r in rows]
+        out_tok = torch.empty(len(rows), cfg.seq_len, dtype=torch.int32)
+        out_ids = torch.empty(len(rows), cfg.seq_len, cfg.top_k, dtype=torch.int32)
+        out_lp = torch.empty(len(rows), cfg.seq_len, cfg.top_k, dtype=torch.bfloat16)
+        gen = torch.Generator().manual_seed(cfg.seed * 7919 + shard + (1 << 20) * (split == "eval"))
+        for free in (False, True):  # equal prompt lengths within a batch: no padding
+            members = [j for j, (_, f) in enumerate(prompts) if f == free]
+            for s in range(0, len(members), cfg.generate_batch):
+                batch = members[s: s + cfg.generate_batch]
+                x = torch.stack([prompts[j][0] for j in batch])
+                tok, ids, lp = generate_onpolicy(model, x, cfg.seq_len, cfg.top_k, cfg.generate_prompt_len, gen)
+                out_tok[batch], out_ids[batch], out_lp[batch] = tok, ids.to(torch.int32), lp.to(torch.bfloat16)
+                if bar is not None:
+                    bar.update(len(batch) * cfg.seq_len)
+        self.labels.folder.mkdir(parents=True, exist_ok=True)
+        path = self.labels._path(split, shard)
+        tmp = path.with_suffix(".tmp")
+        save_file({"tokens": out_tok, "ids": out_ids, "logp": out_lp}, tmp)
+        os.replace(tmp, path)
+
+    def tokens(self, split: str, indices: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.labels._shard(split, i // self.shard_size)["tokens"][i % self.shard_size]
+                            for i in indices.tolist()])
+
+    def get(self, split: str, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens (n,T), teacher ids (n,T,k) and log-probs (n,T,k) of on-policy chunks."""
+        ids, lp = self.labels.get(split, indices)
+        return self.tokens(split, indices), ids, lp
+
+
+# --------------------------------------------------------------------------------------------------
 # Draft construction
 
 
@@ -658,6 +793,33 @@ def residual_projection(teacher: Any, sample: torch.Tensor, hidden: int, kind: s
             cov += (x.T @ x).double()
     evals, evecs = torch.linalg.eigh(cov)
     return evecs[:, torch.argsort(evals, descending=True)[:hidden]].float().contiguous()
+
+
+def load_draft_weights(draft: Any, folder: str) -> dict[str, Any]:
+    """Start from an existing draft's weights (``--init-from``); its architecture must match."""
+    from safetensors.torch import load_file
+
+    path = Path(folder).expanduser()
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        raise ConfigError(f"--init-from {folder}: no *.safetensors weights in that folder")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(f))
+    own = draft.state_dict()
+    wrong = [f"{k}: {tuple(v.shape)} here, {tuple(own[k].shape)} wanted" for k, v in weights.items()
+             if k in own and v.shape != own[k].shape]
+    unknown = sorted(set(weights) - set(own))
+    missing = sorted(set(own) - set(weights) - {"lm_head.weight"})  # the lm_head is tied to the embeddings
+    if wrong or unknown or missing:
+        raise ConfigError(
+            f"--init-from {folder} does not fit the draft architecture of this command (give the same --layers, "
+            f"--hidden, --heads, --intermediate as it was made with): "
+            + "; ".join(wrong[:3] + [f"unexpected {k}" for k in unknown[:3]] + [f"missing {k}" for k in missing[:3]])
+        )
+    draft.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+    draft.tie_weights()
+    return {"text": f"the weights of the existing draft {folder} (--init-from)"}
 
 
 @torch.no_grad()
@@ -937,8 +1099,12 @@ def _eval_batch(model: Any, x: torch.Tensor, t_ids: torch.Tensor, t_logp: torch.
 
 
 @torch.no_grad()
-def evaluate(model: Any, data: Dataset, cache: TeacherCache, cfg: DistillConfig, limit: int | None = None) -> dict[str, Any]:
-    """Teacher-forced top-1 agreement with the target on held-out chunks (overall and per kind) + KL."""
+def evaluate(model: Any, data: Dataset, cache: TeacherCache, cfg: DistillConfig, limit: int | None = None,
+             generated: "GeneratedData | None" = None) -> dict[str, Any]:
+    """Teacher-forced top-1 agreement with the target on held-out chunks (overall and per kind) + KL.
+
+    With ``generated``, also the agreement on the held-out on-policy continuations (the target's own
+    greedy text, the closest match to what speculative decoding sees), reported apart from the corpus."""
     was_training = model.training
     model.eval()
     if limit is not None and limit < len(data.eval):  # a fixed subset spread over both kinds
@@ -958,13 +1124,26 @@ def evaluate(model: Any, data: Dataset, cache: TeacherCache, cfg: DistillConfig,
             h[1] += row.numel()
         kl_sum += kl
         count += x.numel()
-    model.train(was_training)
-    return {
+    result = {
         "agreement": sum(h[0] for h in hits.values()) / max(1, count),
         "agreement_by_kind": {k: h[0] / max(1, h[1]) for k, h in sorted(hits.items())},
         "kl": kl_sum / max(1, count),
         "tokens": count,
     }
+    if generated is not None and generated.n["eval"]:
+        gi = torch.arange(generated.n["eval"])
+        if limit is not None:
+            gi = gi[: max(1, limit // 4)]
+        hit, n, gkl = 0, 0, 0.0
+        for s in range(0, len(gi), cfg.batch_size):
+            x, t_ids, t_logp = generated.get("eval", gi[s: s + cfg.batch_size])
+            match, kl = _eval_batch(model, x, t_ids, t_logp)
+            # the prompt part is corpus text (or sampled); count the greedy continuation only
+            cont = match[:, cfg.generate_prompt_len - 1:]
+            hit, n, gkl = hit + int(cont.sum()), n + cont.numel(), gkl + kl
+        result["generated"] = {"agreement": hit / max(1, n), "tokens": n, "chunks": len(gi)}
+    model.train(was_training)
+    return result
 
 
 @torch.no_grad()
@@ -1112,6 +1291,10 @@ def write_model_card(out: Path, s: dict[str, Any]) -> None:
         "measured on the exported bf16 weights).",
         f"- Held-out KL(target top-{s['top_k']} || draft): {ev['kl']:.3f} nats/token.",
     ]
+    if ev.get("generated"):
+        g = ev["generated"]
+        lines.append(f"- **On held-out on-policy text** (the target's own greedy continuations of {g['chunks']} held-out "
+                     f"prompts, {g['tokens']:,} tokens): {100 * g['agreement']:.1f}% agreement.")
     if acc:
         lines.append(
             f"- Free-running greedy estimate ({acc['prompts']} held-out prompts of {acc['prompt_len']} tokens, "
@@ -1122,7 +1305,9 @@ def write_model_card(out: Path, s: dict[str, Any]) -> None:
         )
     init_eval = s.get("init_eval")
     if init_eval:
-        lines.append(f"- Agreement at initialisation (before training): {100 * init_eval['agreement']:.1f}%.")
+        lines.append(f"- Agreement at initialisation (before training): {100 * init_eval['agreement']:.1f}%"
+                     + (f"; on-policy {100 * init_eval['generated']['agreement']:.1f}%" if init_eval.get("generated") else "")
+                     + ".")
     lines += [
         "",
         "## Model",
@@ -1143,6 +1328,13 @@ def write_model_card(out: Path, s: dict[str, Any]) -> None:
         f"- Teacher signal: the target's top-{s['top_k']} next-token log-probabilities per position (bf16 autocast), "
         f"computed once and cached; {s['labelled_tokens']:,} training tokens labelled; trained on "
         f"{s['active_chunks']:,} chunks ({s['corpus']['used_by_kind']}).",
+    ] + ([
+        f"- On-policy data: {g['tokens']:,} tokens ({g['train_chunks']:,} chunks) of the target's own greedy "
+        f"continuations, each after a {g['prompt_len']}-token prompt ({100 * (1 - g['free_fraction']):.0f}% windows of "
+        f"the training corpus, {100 * g['free_fraction']:.0f}% sampled by the target itself at T=1 after the separator "
+        f"token); labelled by the same forward passes that generated them, in {g['minutes']:.1f} min (bf16). Mixed "
+        "with the corpus chunks in every epoch."
+    ] if (g := s.get("generated")) else []) + [
         f"- Loss: T^2 KL(teacher top-{s['top_k']} renormalised || draft) at T={s['temperature']}"
         + (f" + {s['ce_weight']} x CE on the {'teacher argmax' if s['ce_target'] == 'teacher' else 'data'} next token" if s["ce_weight"] else "") + ".",
         f"- Optimisation: AdamW (peak LR {s['lr']}, {s['warmup_steps']} warmup steps, cosine to "
@@ -1232,7 +1424,8 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
             logger.warning("resuming: keeping the checkpoint's %s (the command line differs)", ", ".join(changed))
             for k in ARCH_KEYS:
                 setattr(cfg, k, saved.get(k))
-        for k in ("target", "corpus", "seq_len", "max_train_tokens", "eval_tokens", "prose_fraction", "seed", "top_k"):
+        for k in ("target", "corpus", "seq_len", "max_train_tokens", "eval_tokens", "prose_fraction", "seed", "top_k",
+                  "generated_tokens", "generate_prompt_len", "generate_free_fraction", "init_from"):
             if saved.get(k) != getattr(cfg, k):
                 raise ConfigError(
                     f"the checkpoint in {ckpt_dir} was trained with {k}={saved.get(k)!r}, not {getattr(cfg, k)!r}; "
@@ -1265,6 +1458,31 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
     n_eval_shards = math.ceil(len(data.eval) / shard_size)
     label("eval", list(range(n_eval_shards)), data.eval, "teacher labels (held-out)")
 
+    # On-policy data: generated (and labelled in the same passes) before training, by a bf16 copy
+    generated, gen_seconds = None, 0.0
+    if cfg.generated_tokens:
+        gspec = {"data": data.key, "teacher": tkey, "tokens": cfg.generated_tokens, "seed": cfg.seed,
+                 "prompt_len": cfg.generate_prompt_len, "free": cfg.generate_free_fraction, "v": 1}
+        gkey = hashlib.sha256(json.dumps(gspec, sort_keys=True).encode()).hexdigest()[:10]
+        generated = GeneratedData(data.folder / f"generated-{gkey}", cfg, data, _separator_id(target.tokenizer),
+                                  shard_size)
+        todo = [(sp, sh) for sp in ("eval", "train") for sh in range(generated.shards(sp))
+                if not generated.labels.has(sp, sh)]
+        if todo:
+            t0 = time.perf_counter()
+            with model_construction():
+                gen_model = copy.deepcopy(teacher).to(torch.bfloat16)
+            n_tok = sum(min(generated.n[sp] - sh * shard_size, shard_size) * cfg.seq_len for sp, sh in todo)
+            with tqdm(total=n_tok, desc="on-policy continuations", unit="tok", unit_scale=True, leave=False,
+                      disable=progress_off) as gbar:
+                for sp, sh in todo:
+                    generated.generate(gen_model, sp, sh, gbar)
+            del gen_model
+            gen_seconds = time.perf_counter() - t0
+            logger.info("generated %d on-policy chunks in %.1f min", sum(generated.n.values()), gen_seconds / 60)
+    n_gen = generated.n["train"] if generated is not None else 0
+    n_corpus = len(data.train)
+
     # Draft
     dcfg = make_draft_config(teacher.config, cfg)
     with model_construction():
@@ -1275,7 +1493,9 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
     embed_scale = cfg.embed_lr_scale
     if embed_scale is None:
         embed_scale = 1.0 if cfg.init == "random" else (0.0 if same_width else 0.1)
-    if state is None:
+    if state is None and cfg.init_from:
+        init_info = load_draft_weights(draft, cfg.init_from)
+    elif state is None:
         sample = data.train[: min(16, len(data.train))]
         init_info = init_draft(teacher, draft, cfg, sample)
     else:
@@ -1294,6 +1514,8 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
     init_eval = None
     active = len(data.train)  # training chunks in use (fewer once the labelling budget is spent)
     wall_before = 0.0
+    if state is None:
+        train_seconds = label_seconds = gen_seconds  # generating is labelling; both count in --minutes
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         step, epoch, pos = state["step"], state["epoch"], state["pos"]
@@ -1309,13 +1531,34 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
         logger.info("resumed from %s at step %d (epoch %d, %.1f min trained)", ckpt_file, step, epoch,
                     train_seconds / 60)
     else:
-        init_eval = evaluate(draft, data, cache, cfg, limit=32)
-        logger.info("agreement at initialisation: %.1f%%", 100 * init_eval["agreement"])
+        init_eval = evaluate(draft, data, cache, cfg, limit=32, generated=generated)
+        logger.info("agreement at initialisation: %.1f%%%s", 100 * init_eval["agreement"],
+                    f" (on-policy {100 * init_eval['generated']['agreement']:.1f}%)" if "generated" in init_eval else "")
 
+    # Chunk indices: [0, n_corpus) are corpus chunks, [n_corpus, n_corpus + n_gen) on-policy chunks.
     def order(ep: int) -> torch.Tensor:
-        if ep == 0:  # chunks are already shuffled; label shards in order as training reaches them
-            return torch.arange(len(data.train))
-        return torch.randperm(active, generator=torch.Generator().manual_seed(cfg.seed * 1000 + ep))
+        g = torch.Generator().manual_seed(cfg.seed * 1000 + ep)
+        gen_idx = torch.arange(n_corpus, n_corpus + n_gen)
+        if ep == 0:  # corpus chunks are already shuffled and labelled in order as training reaches them;
+            # on-policy chunks are spread among them at random places
+            keys = torch.cat([torch.arange(n_corpus) / max(1, n_corpus), torch.rand(n_gen, generator=g)])
+            return torch.cat([torch.arange(n_corpus), gen_idx])[torch.argsort(keys, stable=True)]
+        both = torch.cat([torch.arange(active), gen_idx])
+        return both[torch.randperm(len(both), generator=g)]
+
+    def fetch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens, teacher ids and log-probs of a batch mixing corpus and on-policy chunks."""
+        corpus = idx < n_corpus
+        x = torch.empty(len(idx), cfg.seq_len, dtype=torch.int32)
+        t_ids = torch.empty(len(idx), cfg.seq_len, cfg.top_k, dtype=torch.long)
+        t_logp = torch.empty(len(idx), cfg.seq_len, cfg.top_k)
+        if corpus.any():
+            ci = idx[corpus]
+            x[corpus] = data.train[ci]
+            t_ids[corpus], t_logp[corpus] = cache.get("train", ci)
+        if (~corpus).any():
+            x[~corpus], t_ids[~corpus], t_logp[~corpus] = generated.get("train", idx[~corpus] - n_corpus)
+        return x, t_ids, t_logp
 
     def save() -> None:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -1346,14 +1589,14 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
                 if batch_chunks > len(perm):
                     batch_chunks = len(perm)
             idx = perm[pos: pos + batch_chunks]
-            shards = sorted({i // shard_size for i in idx.tolist()})
+            shards = sorted({i // shard_size for i in idx.tolist() if i < n_corpus})
             if (active == len(data.train) and cfg.minutes > 0 and 0 <= cfg.label_fraction < 1
                     and label_seconds >= cfg.label_fraction * cfg.minutes * 60
                     and any(not cache.has("train", sh) for sh in shards)):
                 done = 0
                 while done * shard_size < len(data.train) and cache.has("train", done):
                     done += 1
-                if done * shard_size >= batch_chunks:  # enough labelled: more epochs, no more labelling
+                if done * shard_size + n_gen >= batch_chunks:  # enough labelled: more epochs, no more labelling
                     active = min(len(data.train), done * shard_size)
                     logger.info("labelling budget spent (%.1f min): training on the %d labelled chunks from now on",
                                 label_seconds / 60, active)
@@ -1362,8 +1605,7 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
             lab = label("train", shards, data.train, "teacher labels")
             label_seconds += lab
             t_step = time.perf_counter()
-            x = data.train[idx]
-            t_ids, t_logp = cache.get("train", idx)
+            x, t_ids, t_logp = fetch(idx)
             ce_ids = None
             if cfg.ce_weight:
                 if cfg.ce_target == "teacher":
@@ -1392,8 +1634,10 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
             entry = {"step": step, "loss": lv, "kl": stats["kl"], "train_agreement": stats["agree"], "lr": lr,
                      "grad_norm": gnorm, "seconds": round(train_seconds, 2), "epoch": epoch}
             if cfg.eval_every and step % cfg.eval_every == 0:
-                ev = evaluate(draft, data, cache, cfg, limit=32)
+                ev = evaluate(draft, data, cache, cfg, limit=32, generated=generated)
                 entry["eval_agreement"] = last_eval = ev["agreement"]
+                if "generated" in ev:
+                    entry["eval_generated_agreement"] = ev["generated"]["agreement"]
                 train_seconds += time.perf_counter() - now
             log.append(entry)
             recent = step_times[-20:]
@@ -1420,7 +1664,7 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
     # Export and final evaluation (on the bf16 weights that ship)
     draft.eval()
     rounded, size = export_draft(draft, target, out)
-    final = evaluate(rounded, data, cache, cfg)
+    final = evaluate(rounded, data, cache, cfg, generated=generated)
     accept = acceptance_estimate(teacher, rounded, data, cfg.accept_prompts, min(64, cfg.seq_len),
                                  cfg.accept_tokens, cfg.num_speculative_tokens, set(target.eos_token_ids))
     recent_losses = [e["loss"] for e in log[-20:]] or [float("nan")]
@@ -1453,12 +1697,17 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
         "top_k": cfg.top_k, "temperature": cfg.temperature, "ce_weight": cfg.ce_weight, "ce_target": cfg.ce_target,
         "lr": cfg.lr, "warmup_steps": cfg.warmup_steps, "min_lr_ratio": cfg.min_lr_ratio, "batch_size": cfg.batch_size,
         "grad_clip": cfg.grad_clip, "threads": torch.get_num_threads(),
-        "steps": step, "tokens_seen": tokens_seen, "epochs": tokens_seen / max(1, active * cfg.seq_len),
+        "steps": step, "tokens_seen": tokens_seen, "epochs": tokens_seen / max(1, (active + n_gen) * cfg.seq_len),
         "train_minutes": train_seconds / 60, "label_minutes": label_seconds / 60, "labelled_tokens": labelled,
         "active_chunks": active, "wall_minutes": (wall_before + time.perf_counter() - t_invocation) / 60,
         "step_seconds": step_s, "tokens_per_second": (cfg.batch_size * cfg.seq_len / step_s) if n_steps_timed else float("nan"),
         "final_loss": sum(recent_losses) / len(recent_losses), "first_loss": log[0]["loss"] if log else float("nan"),
         "eval": final, "init_eval": init_eval, "acceptance": accept,
+        "generated": None if generated is None else {
+            "train_chunks": n_gen, "eval_chunks": generated.n["eval"], "tokens": n_gen * cfg.seq_len,
+            "prompt_len": cfg.generate_prompt_len, "free_fraction": cfg.generate_free_fraction,
+            "minutes": gen_seconds / 60},
+        "init_from": cfg.init_from,
     }
     write_model_card(out, summary)
     (out / "distill.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -199,3 +199,80 @@ def test_labelling_budget_limits_the_data(setup, monkeypatch):
     assert summary["labelled_tokens"] == 16 * 32
     if summary["steps"] > 4:  # past the first shard: later epochs cycle over the labelled chunks
         assert state["epoch"] >= 1
+
+
+def test_generate_onpolicy_is_the_targets_greedy_continuation_with_its_labels(setup):
+    """The continuation equals HF greedy generation, and each position's labels equal a full forward's."""
+    from specdec.models import load_model
+
+    _, _, target_dir = setup
+    model = load_model(str(target_dir)).model
+    prompts = torch.randint(2, 300, (3, 5))
+    tokens, ids, lp = D.generate_onpolicy(model, prompts, seq_len=16, k=4, sample_until=5)
+    assert tokens.shape == (3, 16) and ids.shape == lp.shape == (3, 16, 4)
+    with torch.no_grad():
+        ref = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                             max_new_tokens=11, pad_token_id=0)
+        full = torch.log_softmax(model(input_ids=tokens.long()).logits.float(), dim=-1)
+    assert torch.equal(tokens.long(), ref)
+    top_v, top_i = torch.topk(full, 4, dim=-1)
+    assert torch.equal(ids, top_i)
+    assert torch.allclose(lp, top_v, atol=1e-4)
+    # Sampled prefix: tokens before sample_until are drawn at T=1 (reproducible with a seeded generator).
+    sep = torch.zeros(3, 1, dtype=torch.long)
+    a = D.generate_onpolicy(model, sep, 16, 4, 8, torch.Generator().manual_seed(1))[0]
+    b = D.generate_onpolicy(model, sep, 16, 4, 8, torch.Generator().manual_seed(1))[0]
+    assert torch.equal(a, b) and len({tuple(r) for r in a[:, :8].tolist()}) > 1
+
+
+def test_distill_with_onpolicy_data_and_init_from(setup, monkeypatch):
+    """--generated-tokens trains on the target's own continuations (reported apart in the card);
+    --init-from starts from an existing draft and refuses one of another shape."""
+    from specdec.cli import main
+    from specdec.errors import ConfigError
+
+    root, corpus, target_dir = setup
+    out = root / "draft-onpolicy"
+    argv = _argv(target_dir, corpus, out, 20) + ["--generated-tokens", "1024", "--generate-prompt-len", "8",
+                                                  "--generate-batch", "8"]
+    fetched: list[int] = []
+    real_get = D.GeneratedData.get
+
+    def spy(self, split, indices):
+        if split == "train":
+            fetched.extend(indices.tolist())
+        return real_get(self, split, indices)
+
+    monkeypatch.setattr(D.GeneratedData, "get", spy)
+    assert main(argv) == 0
+    summary = json.loads((out / "distill.json").read_text())
+    assert summary["generated"]["train_chunks"] == 32 and summary["generated"]["eval_chunks"] == 4
+    # 20 steps x 4 chunks over 128 corpus + 32 on-policy chunks: the on-policy ones are in the mix
+    assert 0 < len(fetched) < 80 and all(0 <= i < 32 for i in fetched)
+    gen_eval = summary["eval"]["generated"]
+    assert gen_eval["tokens"] == 4 * (32 - 8 + 1) and 0 <= gen_eval["agreement"] <= 1
+    card = (out / "README.md").read_text()
+    assert "On-policy data: 8,192 tokens" not in card and "On-policy data: 1,024 tokens (32 chunks)" in card
+    assert "On held-out on-policy text" in card
+    shards = list((out / "cache").rglob("generated-*/train-*.safetensors"))
+    assert shards, "on-policy chunks are stored with their labels"
+
+    # Fine-tune the first draft further: starts where it ended (its agreement), not from scratch.
+    out2 = root / "draft-finetuned"
+    argv2 = _argv(target_dir, corpus, out2, 5) + ["--init-from", str(out)]
+    assert main(argv2) == 0
+    s2 = json.loads((out2 / "distill.json").read_text())
+    assert s2["init_eval"]["agreement"] > summary["init_eval"]["agreement"]
+    assert "--init-from" in (out2 / "README.md").read_text()
+    bad = _argv(target_dir, corpus, root / "draft-bad", 5) + ["--init-from", str(out)]
+    bad[bad.index("--hidden") + 1] = "48"
+    with pytest.raises(ConfigError, match="does not fit the draft architecture"):
+        D.distill(D.DistillConfig.from_args(_parse(bad)))
+
+
+def _parse(argv: list[str]):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    D.add_arguments(p)
+    return p.parse_args(argv[1:])
