@@ -5,10 +5,13 @@ Side by side in one run, same prompts and k:
 
     python benchmarks/bench_tli.py -k 4 --max-tokens 64
 
-Rows: the target alone; specdec TLI with greedy drafting (temperature 0); HF UAG
-(``generate(assistant_model=, tokenizer=, assistant_tokenizer=)``, greedy); and sampled rows
-(temperature 0.7) for specdec TLI with greedy and probabilistic drafting. "tokens/pass" counts
-output tokens per target forward pass (1.0 = no speculation), comparable across implementations.
+Rows: the target alone; specdec TLI with greedy drafting (temperature 0), proposing the drafted text
+in target ids (``tli_proposals="text"``, the default) and intersection tokens only
+(``"intersection"``); HF UAG (``generate(assistant_model=, tokenizer=, assistant_tokenizer=)``,
+greedy); and sampled rows (temperature 0.7) for specdec TLI with greedy and probabilistic drafting.
+"tokens/pass" counts output tokens per target forward pass (1.0 = no speculation), comparable across
+implementations. "acceptance" is accepted / proposed target tokens; for HF, proposed tokens are counted
+at its candidate generator and accepted ones are the output tokens minus one per target pass.
 """
 
 from __future__ import annotations
@@ -41,6 +44,31 @@ class PassCounter:
     def reset(self) -> int:
         n, self.count = self.count, 0
         return n
+
+
+def count_hf_candidates() -> list[int]:
+    """Count the target tokens transformers' assisted generation proposes (all candidate generators)."""
+    from transformers.generation import candidate_generator as cg
+
+    total, depth = [0], [0]
+    for cls in (cg.AssistedCandidateGenerator, cg.AssistedCandidateGeneratorDifferentTokenizers,
+                getattr(cg, "UniversalSpeculativeDecodingGenerator", None)):
+        if cls is None or "get_candidates" not in vars(cls):
+            continue
+        orig = vars(cls)["get_candidates"]
+
+        def counted(self, input_ids, *a, _orig=orig, **kw):
+            depth[0] += 1  # a subclass calling its parent's get_candidates counts once
+            try:
+                out = _orig(self, input_ids, *a, **kw)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                total[0] += max(0, out[0].shape[1] - input_ids.shape[1])
+            return out
+
+        setattr(cls, "get_candidates", counted)
+    return total
 
 
 def run_llm(llm: LLM, counter: PassCounter, params: SamplingParams) -> dict:
@@ -89,8 +117,13 @@ def main() -> int:
     r_base = run_llm(base, counter, greedy)
     rows.append({"method": "target alone (greedy)", **r_base})
     r_tli = run_llm(llm, counter, greedy)
-    rows.append({"method": f"specdec TLI greedy draft, k={k} (greedy)", **r_tli,
+    rows.append({"method": f"specdec TLI greedy draft, text proposals, k={k} (greedy)", **r_tli,
                  "identical": r_tli["_tokens"] == r_base["_tokens"]})
+    llm._draft_worker.tli.proposals = "intersection"
+    r_int = run_llm(llm, counter, greedy)
+    llm._draft_worker.tli.proposals = "text"
+    rows.append({"method": f"specdec TLI greedy draft, intersection proposals, k={k} (greedy)", **r_int,
+                 "identical": r_int["_tokens"] == r_base["_tokens"]})
 
     # transformers UAG on the same models
     target, draft = base.target.model, llm.draft.model
@@ -105,13 +138,17 @@ def main() -> int:
                               assistant_tokenizer=dtok, do_sample=False, max_new_tokens=n, min_new_tokens=n)
         return out[0, ids.shape[1]:].tolist()
 
+    proposed = count_hf_candidates()
     uag(PROMPTS[0], 4)
     counter.reset()
+    proposed[0] = 0
     t = time.perf_counter()
     hf_tokens = [uag(p, args.max_tokens) for p in PROMPTS]
     hf_elapsed = time.perf_counter() - t
     n = sum(map(len, hf_tokens))
-    r_hf = {"tokens/s": n / hf_elapsed, "tokens/pass": n / counter.reset(), "acceptance": None}
+    passes = counter.reset()
+    r_hf = {"tokens/s": n / hf_elapsed, "tokens/pass": n / passes,
+            "acceptance": (n - passes) / proposed[0] if proposed[0] else None}
     rows.append({"method": f"HF UAG k={k} (greedy)", **r_hf, "identical": hf_tokens == r_base["_tokens"]})
 
     if not args.no_sampled:

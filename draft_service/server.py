@@ -7,7 +7,9 @@ import grpc
 from draft_service.config import DraftServiceConfig
 from specdec.batching import ComputeThread
 from specdec.backend import Backend
+from specdec.config import TLI_PROPOSALS
 from specdec.engine import ProposeCall
+from specdec.errors import ConfigError
 from specdec.grpc_utils import (
     BackendServicerMixin,
     ServerHandle,
@@ -57,8 +59,11 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
 
     ``compute``: run its forward passes on this thread, shared with another model in the process.
     """
+    if config.tli_proposals not in TLI_PROPOSALS:
+        raise ConfigError(f"--tli-proposals must be one of {list(TLI_PROPOSALS)}, got {config.tli_proposals!r}")
     backend = Backend("draft", config, draft_sample_method=config.draft_sample_method,
-                      draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer, compute=compute)
+                      draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer, compute=compute,
+                      tli_proposals=config.tli_proposals)
     servicer = DraftServicer(backend)
     return start_backend_server(
         backend,

@@ -177,6 +177,11 @@ class RemoteProposal(Proposal):
     def draft_probs(self):  # type: ignore[override]
         return probs_from_proto(self.wire_probs, len(self.draft_token_ids), self._vocab_size)
 
+    def truncated(self, n: int) -> Proposal:
+        if len(self.draft_token_ids) <= n:
+            return self
+        return RemoteProposal(self.draft_token_ids[:n], self.wire_probs[:n], self._vocab_size)
+
 
 class RemoteTarget(_RemoteBackend):
     role = "target"

@@ -61,7 +61,7 @@ class Backend:
 
     def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
                  draft_top_n: int | None = None, target_tokenizer: str | None = None,
-                 compute: ComputeThread | None = None):
+                 compute: ComputeThread | None = None, tli_proposals: str = "text"):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -69,6 +69,7 @@ class Backend:
         self.draft_sample_method = draft_sample_method
         self.draft_top_n = draft_top_n
         self.target_tokenizer = target_tokenizer
+        self.tli_proposals = tli_proposals
         self.compute = compute  # shared with another backend in this process (see specdec.batching)
         self.tli = None
         self.lm: LoadedModel | None = None
@@ -118,7 +119,8 @@ class Backend:
         if tokenizer_fingerprint(target_tok) == self.lm.tokenizer_fingerprint:
             return None
         # Target ids can be as large as the target tokenizer (its padded logits are never needed here).
-        return TLIAdapter(self.lm.tokenizer, target_tok, max(len(target_tok), target_tok.vocab_size))
+        return TLIAdapter(self.lm.tokenizer, target_tok, max(len(target_tok), target_tok.vocab_size),
+                          proposals=self.tli_proposals)
 
     def _warmup(self) -> None:
         sid = f"__warmup_{self.role}__"

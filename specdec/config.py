@@ -11,6 +11,7 @@ from specdec.errors import ConfigError
 
 SUPPORTED_METHODS = ("draft_model",)
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts become target ids
 
 # The embedded default pair of `specdec serve` with no model named.
 DEFAULT_TARGET = "smollm2-135m"
@@ -26,6 +27,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     use_heterogeneous_vocab: bool = False
     draft_sample_method: str = "greedy"
+    # Greedy drafting with TLI: "text" drafts over the whole draft vocabulary and tokenizes the drafted
+    # text for the target (more target tokens reachable); "intersection" drafts intersection tokens only.
+    tli_proposals: str = "text"
     max_model_len: int | None = None
     revision: str | None = None
 
@@ -71,6 +75,8 @@ class SpeculativeConfig:
             raise ConfigError(
                 f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, got {self.draft_sample_method!r}"
             )
+        if self.tli_proposals not in TLI_PROPOSALS:
+            raise ConfigError(f"tli_proposals must be one of {list(TLI_PROPOSALS)}, got {self.tli_proposals!r}")
         if not isinstance(self.use_heterogeneous_vocab, bool):
             raise ConfigError("use_heterogeneous_vocab must be true or false")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):

@@ -33,6 +33,7 @@ def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceSta
     """
     k = min(k, seq.budget - 1) if draft is not None else 0  # never draft past max_tokens / max_model_len
     proposal = draft.propose(seq.sequence_id, seq.token_ids, k, seq.params) if k > 0 else Proposal([])
+    proposal = proposal.truncated(seq.budget - 1)  # a TLI draft's text can make more target tokens than k
     result = target.verify(seq.sequence_id, seq.token_ids, proposal, seq.params)
     seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens)
     return result.emitted(proposal.draft_token_ids)

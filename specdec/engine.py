@@ -31,6 +31,12 @@ class Proposal:
     draft_token_ids: list[int]
     draft_probs: torch.Tensor | None = None  # [k, vocab] q; None: one-hot (greedy drafting)
 
+    def truncated(self, n: int) -> "Proposal":
+        """The first ``n`` draft tokens (and their q rows)."""
+        if len(self.draft_token_ids) <= n:
+            return self
+        return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n])
+
 
 @dataclass
 class VerifyResult:
@@ -372,7 +378,9 @@ class DraftWorker:
             while active:
                 for j, row_logits in zip(active, logits):
                     _, call, seq, _, probabilistic = rows[j]
-                    last = row_logits[-1] if tli is None else tli.restrict(row_logits[-1])  # [vocab]
+                    last = row_logits[-1]  # [vocab]
+                    if tli is not None and not tli.text_proposals(not probabilistic):
+                        last = tli.restrict(last)
                     if probabilistic:
                         q = truncate_top_n(process_logits(last, call.params), self.top_n)  # [vocab]
                         drafts[j].append(int(sample(q, seq.generator)))
@@ -383,8 +391,15 @@ class DraftWorker:
                 if active:  # the last draft token is not fed: the next round's sync feeds it if kept
                     logits = runner.forward_batch([rows[j][2] for j in active], [[drafts[j][-1]] for j in active],
                                                   [1] * len(active))
-            for j, (i, *_rest) in enumerate(rows):
-                proposed = drafts[j] if tli is None else [tli.to_target(t) for t in drafts[j]]
+            for j, (i, call, _seq, _new, probabilistic) in enumerate(rows):
+                if tli is None:
+                    proposed = drafts[j]
+                elif tli.text_proposals(not probabilistic):
+                    # k draft tokens' text: as many target tokens as it makes (bounded)
+                    proposed = tli.text_to_target(drafts[j], min(2 * call.num_speculative_tokens,
+                                                                 MAX_NUM_SPECULATIVE_TOKENS))
+                else:
+                    proposed = [tli.to_target(t) for t in drafts[j]]
                 results[i] = Proposal(proposed, torch.stack(qs[j]) if qs[j] else None)
         return results
 

@@ -113,7 +113,8 @@ class LLM:
             if heterogeneous:
                 from specdec.tli.adapter import TLIAdapter
 
-                tli = TLIAdapter(self.draft.tokenizer, self.target.tokenizer, self.target.vocab_size)
+                tli = TLIAdapter(self.draft.tokenizer, self.target.tokenizer, self.target.vocab_size,
+                                 proposals=cfg.tli_proposals)
             # With TLI the draft keeps its own logits; the adapter maps proposals to target ids.
             draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
                                        logits_vocab_size=None if tli else self.target.vocab_size)

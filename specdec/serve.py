@@ -114,7 +114,7 @@ def start_stack(cfg: ServeConfig) -> Stack:
             draft = create_draft(DraftServiceConfig(
                 model=spec.model, revision=spec.revision, dtype=cfg.draft_dtype or cfg.dtype, host="127.0.0.1", port=0,
                 num_threads=threads,
-                draft_sample_method=spec.draft_sample_method,
+                draft_sample_method=spec.draft_sample_method, tli_proposals=spec.tli_proposals,
                 target_tokenizer=target_model if spec.use_heterogeneous_vocab else None, **common), compute=compute)
         gateway = create_gateway(GatewayConfig(
             draft_addr=f"127.0.0.1:{draft.port}" if draft else None,

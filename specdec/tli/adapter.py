@@ -3,24 +3,39 @@
 The draft reads the committed text re-tokenized with its own tokenizer (incrementally, via
 :class:`DraftContext`), drafts only tokens that exist in both vocabularies, and its proposals — and
 their distribution q, restricted to the intersection and renormalised — travel in target ids.
+
+Greedy drafting has a second way to propose (``proposals="text"``): the draft drafts over its whole
+vocabulary and the *text* of its tokens is tokenized with the target's tokenizer (the way transformers'
+universal assisted generation converts drafts). A draft then also proposes target tokens that exist
+only in the target's vocabulary (`` revolution`` drafted as `` revol`` + ``ution``). Still lossless:
+a greedy draft is a deterministic function of the committed text, and the target accepts a
+deterministic proposal with one-hot q by exactly the same rule as an intersection token.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import torch
 
+from specdec.errors import ConfigError
 from specdec.tli.draft_context import DraftContext
-from specdec.tli.vocab_mapping import VocabMapping, check_useful, load_or_build_mapping
+from specdec.tli.vocab_mapping import VocabMapping, analyze_tokenizer, check_useful, load_or_build_mapping
 
 logger = logging.getLogger(__name__)
 
 
+PROPOSALS = ("intersection", "text")
+
+
 class TLIAdapter:
     def __init__(self, draft_tokenizer: Any, target_tokenizer: Any, target_vocab_size: int,
-                 mapping: VocabMapping | None = None):
+                 mapping: VocabMapping | None = None, proposals: str = "text"):
+        if proposals not in PROPOSALS:
+            raise ConfigError(f"tli_proposals must be one of {list(PROPOSALS)}, got {proposals!r}")
+        self.proposals = proposals
         self.draft_tokenizer = draft_tokenizer
         self.target_tokenizer = target_tokenizer
         self.target_vocab_size = target_vocab_size
@@ -30,6 +45,34 @@ class TLIAdapter:
         probe = draft_tokenizer("a").input_ids
         bos = draft_tokenizer.bos_token_id
         self._prefix = [bos] if bos is not None and probe and probe[0] == bos else []
+        self._draft_bytes = analyze_tokenizer(draft_tokenizer).bytes
+        self._target_text = DraftContext(target_tokenizer)  # tokenizes drafted text into target ids
+        self._target_text_lock = threading.Lock()
+
+    def text_proposals(self, greedy_drafting: bool) -> bool:
+        """Whether greedy drafts over the whole draft vocabulary are converted through their text."""
+        return greedy_drafting and self.proposals == "text"
+
+    def text_to_target(self, draft_ids: list[int], limit: int) -> list[int]:
+        """At most ``limit`` target ids for the text of ``draft_ids`` (up to a special token; a trailing
+        incomplete UTF-8 character is left out). Byte-exact: the ids decode to exactly that text."""
+        data = bytearray()
+        for t in draft_ids:
+            b = self._draft_bytes[t] if 0 <= t < len(self._draft_bytes) else None
+            if b is None:  # EOS or another special token: the text ends here
+                break
+            data += b
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:  # the draft stopped inside a character (or made invalid bytes)
+            del data[exc.start:]
+        if not data or limit <= 0:
+            return []
+        with self._target_text_lock:
+            ctx = self._target_text
+            ctx.reset()
+            ctx.extend_bytes(bytes(data))
+            return ctx.text_ids[:limit]
 
     @property
     def target_fingerprint(self) -> str:

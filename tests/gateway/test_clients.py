@@ -74,6 +74,19 @@ def test_draft_probs_travel_to_the_target_as_the_draft_sent_them():
     assert q.shape == (1, 262_144) and float(q[0, 4]) == 0.75 and float(q[0, 9]) == 0.25 and float(q.sum()) == 1.0
 
 
+def test_a_cut_remote_proposal_keeps_its_rows_in_wire_form():
+    """The loop cuts a proposal longer than the budget; the kept q rows are still the draft's wire rows."""
+    from gateway.clients import RemoteProposal
+    from specdec.v1 import common_pb2
+
+    rows = [common_pb2.TokenDistribution(token_ids=[t], probs=[1.0]) for t in (4, 5, 6)]
+    proposal = RemoteProposal([4, 5, 6], rows, vocab_size=16)
+    assert proposal.truncated(3) is proposal
+    cut = proposal.truncated(2)
+    assert isinstance(cut, RemoteProposal) and cut.draft_token_ids == [4, 5] and cut.wire_probs == rows[:2]
+    assert cut.draft_probs.shape == (2, 16)
+
+
 def test_a_service_that_cannot_serve_is_backend_unavailable_not_an_internal_error():
     """FAILED_PRECONDITION (e.g. its model failed to load) reaches HTTP clients as a 503."""
     from specdec.errors import BackendUnavailableError

@@ -495,3 +495,10 @@ def test_no_warning_without_deprecated_kwargs(target_dir, good_draft_dir, spec):
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         LLM(str(target_dir), speculative_config=spec(good_draft_dir, 2), dtype="float32")
+
+
+def test_tli_proposals_values():
+    assert SpeculativeConfig.from_any({"model": "x"}).tli_proposals == "text"
+    assert SpeculativeConfig.from_any({"model": "x", "tli_proposals": "intersection"}).tli_proposals == "intersection"
+    with pytest.raises(ConfigError, match="tli_proposals must be one of"):
+        SpeculativeConfig.from_any({"model": "x", "tli_proposals": "words"})

@@ -59,12 +59,14 @@ def test_env_vars_set_typed_fields(monkeypatch):
     monkeypatch.setenv("SPECDEC_DRAFT_SEQUENCE_TTL_SECONDS", "2.5")
     monkeypatch.setenv("SPECDEC_DRAFT_MAX_MODEL_LEN", "128")
     monkeypatch.setenv("SPECDEC_DRAFT_DRAFT_SAMPLE_METHOD", "probabilistic")
+    monkeypatch.setenv("SPECDEC_DRAFT_TLI_PROPOSALS", "intersection")
     monkeypatch.setenv("SPECDEC_DRAFT_PORT", "6000")
     cfg = parse(DraftServiceConfig, DRAFT_PREFIX)
     assert cfg.max_batch_size == 7 and type(cfg.max_batch_size) is int
     assert cfg.sequence_ttl_seconds == 2.5 and type(cfg.sequence_ttl_seconds) is float
     assert cfg.max_model_len == 128 and cfg.port == 6000
     assert cfg.draft_sample_method == "probabilistic"
+    assert cfg.tli_proposals == "intersection"
     # another service's prefix does not leak in
     assert parse(TargetServiceConfig, TARGET_PREFIX).max_batch_size == TargetServiceConfig().max_batch_size
 

@@ -61,6 +61,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 TOP1 = SamplingParams(temperature=1.0, top_k=1, seed=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 CASES = [
     pytest.param(2, "greedy", GREEDY, id="k2-greedy"),
+    pytest.param(2, "greedy-intersection", GREEDY, id="k2-greedy-intersection"),
     pytest.param(4, "greedy", GREEDY, id="k4-greedy"),
     # a probabilistic-drafting config serving a greedy request (the draft then drafts greedily): once
     pytest.param(2, "probabilistic", GREEDY, id="k2-probabilistic"),
@@ -75,7 +76,13 @@ MIN_ACCEPTANCE_ALL = 0.08
 @pytest.mark.slow
 @pytest.mark.parametrize("k, method, params", CASES)
 def test_tli_greedy_equals_target_alone(target_only, k, method, params):
-    llm = LLM(TARGET_NAME, speculative_config=spec_config(k, method, use_heterogeneous_vocab=True), dtype="float32")
+    """Greedy drafting proposes the drafted text in target ids (the default, tli_proposals="text") or
+    intersection tokens only ("greedy-intersection"); both are token-identical to the target alone."""
+    extra = {"use_heterogeneous_vocab": True}
+    if method == "greedy-intersection":
+        method, extra["tli_proposals"] = "greedy", "intersection"
+    llm = LLM(TARGET_NAME, speculative_config=spec_config(k, method, **extra), dtype="float32")
+    assert llm._draft_worker.tli.proposals == extra.get("tli_proposals", "text")
     assert isinstance(llm._draft_worker.tli, TLIAdapter)
     assert llm.max_model_len == 32768  # a TLI draft does not cap the target's context
     outs = llm.generate(PROMPTS, params)
@@ -90,7 +97,8 @@ def test_tli_greedy_equals_target_alone(target_only, k, method, params):
             f"  TLI   : {out.outputs[0].text!r}\n  target: {llm.get_tokenizer().decode(ref)!r}")
         assert out.outputs[0].finish_reason == "length"
         stats = out.spec_decode_stats
-        assert stats.num_draft_tokens <= k * stats.num_drafts
+        # k draft tokens' text can make up to 2k target tokens (text proposals)
+        assert stats.num_draft_tokens <= (k if "tli_proposals" in extra else 2 * k) * stats.num_drafts
         assert stats.num_accepted_tokens + stats.num_target_passes >= MAX_TOKENS
         if prompt != PROMPTS[2]:
             english.append(stats)
@@ -186,6 +194,38 @@ def test_draft_history_restarts_when_the_history_is_rewritten(adapter):
     state: dict = {}
     for ids in (a, a[: len(a) // 2], b, b + a[1:], a[:3]):
         _check_step(adapter, ids, adapter.draft_history(state, ids))
+
+
+@pytest.mark.parametrize("text_index", range(len(TRICKY_TEXTS)))
+def test_text_proposals_are_the_drafted_text_in_target_ids(adapter, text_index):
+    """Greedy drafts converted through their text (tli_proposals="text"): the target ids stand for exactly the
+    drafted bytes, up to the limit; a trailing incomplete character is left out; a special token ends the text."""
+    text = TRICKY_TEXTS[text_index]
+    t_tok, d_tok = adapter.target_tokenizer, adapter.draft_tokenizer
+    t_table, d_table = analyze_tokenizer(t_tok).bytes, analyze_tokenizer(d_tok).bytes
+    draft_ids = d_tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    got = adapter.text_to_target(draft_ids, 1000)
+    specials = [j for j, i in enumerate(draft_ids) if d_table[i] is None]  # e.g. a literal <|im_start|>
+    drafted = b"".join(d_table[i] for i in draft_ids[: specials[0] if specials else None])
+    assert drafted == text.encode() if not specials else text.encode().startswith(drafted)
+    assert b"".join(t_table[i] for i in got) == drafted
+    if "<|" not in text and "<0x" not in text:  # the target tokenizer's own tokenization of the text
+        assert got == t_tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    assert adapter.text_to_target(draft_ids, 3) == got[:3]
+    assert adapter.text_to_target(draft_ids, 0) == []
+    # Cut the draft ids inside a multi-byte character: only whole characters are proposed.
+    for n in range(1, len(draft_ids)):
+        data = b"".join(d_table[i] for i in draft_ids[:n])
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            part = adapter.text_to_target(draft_ids[:n], 1000)
+            whole = b"".join(t_table[i] for i in part)
+            assert data.startswith(whole) and len(data) - len(whole) < 4
+            whole.decode("utf-8")
+            break
+    eos = d_tok.eos_token_id
+    assert adapter.text_to_target(draft_ids[:2] + [eos] + draft_ids[2:], 1000) == adapter.text_to_target(draft_ids[:2], 1000)
 
 
 # --------------------------------------------------------------------------------------------------

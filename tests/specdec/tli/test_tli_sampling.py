@@ -65,8 +65,13 @@ class Pair:
         self.llm = llm_over(self.target, tt, self.draft, dt, k=2)
 
     def sample_first_tokens(self, method: str, k: int, rounds: int, seed: int):
-        """``SEQS * rounds`` first emitted tokens; each: one propose + one verify of a seeded sequence."""
+        """``SEQS * rounds`` first emitted tokens; each: one propose + one verify of a seeded sequence.
+
+        ``method`` "greedy" drafts with text proposals (the default), "greedy-intersection" with
+        intersection tokens only, "probabilistic" samples intersection tokens with q."""
         draft_w, target_w = self.llm._draft_worker, self.llm._target_worker
+        draft_w.tli.proposals = "intersection" if method == "greedy-intersection" else "text"
+        method = "greedy" if method == "greedy-intersection" else method
         sids = [f"{method}-{seed}-{i}" for i in range(SEQS)]
         params = [PARAMS.clone(seed=seed + i) for i in range(SEQS)]
         counts: collections.Counter = collections.Counter()
@@ -79,12 +84,14 @@ class Pair:
                     [VerifyCall(s, self.prompt_ids, prop, p) for s, prop, p in zip(sids, proposals, params)])
                 for prop, res in zip(proposals, results):
                     assert not isinstance(prop, BaseException) and not isinstance(res, BaseException), (prop, res)
-                    assert len(prop.draft_token_ids) == k
+                    n_drafted = len(prop.draft_token_ids)
+                    assert n_drafted == k if draft_w.tli.proposals == "intersection" or method != "greedy" else 1 <= n_drafted <= 2 * k
                     counts[res.emitted(prop.draft_token_ids)[0]] += 1
                     first_accepted += res.num_accepted_tokens >= 1
                     accepted += res.num_accepted_tokens
-                    drafted += k
+                    drafted += n_drafted
         finally:
+            draft_w.tli.proposals = "text"
             for s in sids:
                 draft_w.release(s)
                 target_w.release(s)
@@ -136,7 +143,7 @@ def test_probabilistic_proposal_q_is_the_restricted_draft_distribution_in_target
     assert prop.draft_probs[0].nonzero().flatten().tolist() == expected_support
 
 
-@pytest.mark.parametrize("method, k, rounds", [("greedy", 3, 20), ("probabilistic", 2, 20)])
+@pytest.mark.parametrize("method, k, rounds", [("greedy", 3, 20), ("greedy-intersection", 3, 20), ("probabilistic", 2, 20)])
 def test_first_token_follows_target_distribution(pair, chi2_pvalue, method, k, rounds):
     counts, first_acc, acc = pair.sample_first_tokens(method, k, rounds, seed=10_000)
     # both paths of the acceptance rule ran: accepted first drafts AND rejected ones
