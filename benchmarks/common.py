@@ -75,3 +75,24 @@ def write_json(path: str | Path, payload: dict) -> None:
                            "torch": torch.__version__}, **payload}
     path.write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {path}")
+
+
+class plain_linears:
+    """Context manager: a specdec-loaded model's SkinnyLinear layers run as plain ``nn.Linear`` inside
+    (transformers as shipped), for baselines that should not get specdec's fp32 CPU matmul path."""
+
+    def __init__(self, *models):
+        from specdec.models import SkinnyLinear
+
+        self.modules = [m for model in models for m in model.modules() if type(m) is SkinnyLinear]
+        self.cls = SkinnyLinear
+
+    def __enter__(self):
+        for m in self.modules:
+            m.__class__ = torch.nn.Linear
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.modules:
+            m.__class__ = self.cls
+        return False

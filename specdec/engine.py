@@ -19,7 +19,7 @@ import torch
 
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.kv_cache import BatchKVView, SequenceKVCache
-from specdec.models import LoadedModel
+from specdec.models import LoadedModel, SkinnyLinear
 from specdec.rejection import greedy_accept, rejection_sample
 from specdec.sampling import SamplingParams, make_generator, process_logits, sample
 
@@ -87,10 +87,13 @@ class ModelRunner:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.lock = threading.RLock()
         # A pass over 2 or 3 new tokens is padded to this many (the padding is scored, then dropped
-        # from the cache). fp32 matmuls with 2-3 rows take a slow path on CPU (MKL): measured 1.7x
+        # from the cache). fp32 F.linear with 2-3 rows takes a slow path on CPU (MKL): measured 1.7x
         # (SmolLM2-135M) and 2.6x (Gemma-3-270M) the cost of one token, while 4 rows cost 1.3-1.6x.
+        # Models loaded by specdec use SkinnyLinear there instead, which makes 2-3 rows cheap: no padding.
         if min_query_tokens is None:
-            min_query_tokens = 4 if lm.device.type == "cpu" and lm.dtype == torch.float32 else 1
+            slow_rows = lm.device.type == "cpu" and lm.dtype == torch.float32 and not any(
+                isinstance(m, SkinnyLinear) for m in lm.model.modules())
+            min_query_tokens = 4 if slow_rows else 1
         self.min_query_tokens = min_query_tokens
 
     # -- sequence bookkeeping ------------------------------------------------------------------

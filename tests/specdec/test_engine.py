@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -279,9 +280,9 @@ def test_runner_forward_matches_fresh_and_tracks_cache(target_lm):
 
 @pytest.mark.parametrize("n,num_logits", [(2, 2), (3, 3), (3, 1), (2, 1)])
 def test_runner_pads_short_queries_without_changing_results(target_lm, n, num_logits):
-    """fp32 on CPU: a 2-3 token pass runs as 4 rows (a faster matmul path); the padding is scored
-    and dropped, so logits, the cache and the tokens are those of the unpadded pass."""
-    padded = ModelRunner(target_lm, max_model_len=128, role="target")
+    """fp32 on CPU without SkinnyLinear: a 2-3 token pass runs as 4 rows (a faster matmul path); the
+    padding is scored and dropped, so logits, the cache and the tokens are those of the unpadded pass."""
+    padded = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=4)
     plain = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=1)
     assert padded.min_query_tokens == 4 and target_lm.dtype == torch.float32
     ids = _ids(20, 3)
@@ -302,7 +303,7 @@ def test_runner_pads_short_queries_without_changing_results(target_lm, n, num_lo
 def test_runner_batched_pass_padded_to_four_rows_matches_single_passes(target_lm, widths):
     """A padded batch of fewer than 4 rows (fp32 CPU) gets extra columns; they are never scattered
     back: logits, caches and tokens equal one-sequence passes."""
-    batched = ModelRunner(target_lm, max_model_len=128, role="target")
+    batched = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=4)
     single = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=1)
     assert batched._query_width(len(widths), max(widths)) > max(widths)
     prompts = [_ids(8 + i, 10 + i) for i in range(len(widths))]
@@ -323,8 +324,49 @@ def test_runner_batched_pass_padded_to_four_rows_matches_single_passes(target_lm
         torch.testing.assert_close(batched.forward(seqs[i], [7]), single.forward(ref_seq, [7]), rtol=1e-4, atol=1e-4)
 
 
+def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
+    """load_model gives CPU fp32 models SkinnyLinear (cheap 2-8-row products), so runners do not pad;
+    a model whose Linear layers are plain keeps the padding."""
+    import copy
+
+    from specdec.models import SkinnyLinear
+
+    linears = [m for m in target_lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is SkinnyLinear for m in linears)
+    assert ModelRunner(target_lm, max_model_len=128, role="target").min_query_tokens == 1
+    plain = copy.deepcopy(target_lm.model)
+    for m in plain.modules():
+        if type(m) is SkinnyLinear:
+            m.__class__ = torch.nn.Linear
+    assert ModelRunner(replace(target_lm, model=plain), max_model_len=128, role="target").min_query_tokens == 4
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 70])
+@pytest.mark.parametrize("out_features", [24, 20000])
+def test_skinny_linear_equals_linear(rows, out_features):
+    from specdec.models import SkinnyLinear
+
+    torch.manual_seed(rows)
+    ref = torch.nn.Linear(48, out_features, bias=out_features == 24)
+    skinny = torch.nn.Linear(48, out_features, bias=out_features == 24)
+    skinny.load_state_dict(ref.state_dict())
+    skinny.__class__ = SkinnyLinear
+    x = torch.randn(1, rows, 48)
+    with torch.inference_mode():
+        got, want = skinny(x), ref(x)
+    assert got.shape == want.shape == (1, rows, out_features) and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # with gradients (training), F.linear: bit-identical, and autograd works as usual
+    y = skinny(x)
+    assert torch.equal(y, ref(x))
+    y.sum().backward()
+    assert skinny.weight.grad is not None
+    with torch.inference_mode():  # bf16 keeps F.linear: bit-identical
+        assert torch.equal(skinny.to(torch.bfloat16)(x.bfloat16()), ref.to(torch.bfloat16)(x.bfloat16()))
+
+
 def test_runner_does_not_pad_past_max_model_len(target_lm):
-    runner = ModelRunner(target_lm, max_model_len=14, role="target")
+    runner = ModelRunner(target_lm, max_model_len=14, role="target", min_query_tokens=4)
     seq = runner.get_or_create("s", seed=0)
     runner.forward(seq, _ids(11))
     logits = runner.forward(seq, _ids(3, 1), num_logits=3)  # 11 + 3 = 14: no room for a pad token
