@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from specdec.config import TLI_PROPOSALS
 from specdec.errors import ConfigError
 from specdec.tli.draft_context import DraftContext
 from specdec.tli.vocab_mapping import VocabMapping, analyze_tokenizer, check_useful, load_or_build_mapping
@@ -27,14 +28,11 @@ from specdec.tli.vocab_mapping import VocabMapping, analyze_tokenizer, check_use
 logger = logging.getLogger(__name__)
 
 
-PROPOSALS = ("intersection", "text")
-
-
 class TLIAdapter:
     def __init__(self, draft_tokenizer: Any, target_tokenizer: Any, target_vocab_size: int,
                  mapping: VocabMapping | None = None, proposals: str = "text"):
-        if proposals not in PROPOSALS:
-            raise ConfigError(f"tli_proposals must be one of {list(PROPOSALS)}, got {proposals!r}")
+        if proposals not in TLI_PROPOSALS:
+            raise ConfigError(f"tli_proposals must be one of {list(TLI_PROPOSALS)}, got {proposals!r}")
         self.proposals = proposals
         self.draft_tokenizer = draft_tokenizer
         self.target_tokenizer = target_tokenizer
