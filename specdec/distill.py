@@ -171,6 +171,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="held-out prompts for the free-running acceptance estimate (default 8; 0 skips it)")
     g.add_argument("--accept-tokens", type=int, default=64, help="tokens the target generates per prompt (default 64)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, help="k of the acceptance estimate (default 4)")
+    g.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="write a draft vocabulary of the N ids the target most often predicts in the training data "
+                        "(draft_vocab.json): the draft then drafts over these only and computes N rows of its "
+                        "LM head instead of the whole vocabulary (default 0 = the whole vocabulary)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
@@ -204,6 +208,7 @@ class DistillConfig:
     generate_prompt_len: int = 32
     generate_free_fraction: float = 0.25
     generate_batch: int = 32
+    draft_vocab: int = 0
     minutes: float = 60.0
     max_steps: int = 0
     batch_size: int = 8
@@ -249,6 +254,8 @@ class DistillConfig:
             raise ConfigError("--generate-free-fraction must be between 0 and 1")
         if self.generate_batch < 1:
             raise ConfigError("--generate-batch must be >= 1")
+        if self.draft_vocab < 0:
+            raise ConfigError("--draft-vocab must be >= 0 (0 = the whole vocabulary)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1055,7 +1062,8 @@ def distill_loss(model: Any, input_ids: torch.Tensor, t_ids: torch.Tensor, t_log
 
 
 @torch.no_grad()
-def draft_argmax(model: Any, input_ids: torch.Tensor, rows: int = 1024, autocast: bool = True) -> torch.Tensor:
+def draft_argmax(model: Any, input_ids: torch.Tensor, rows: int = 1024, autocast: bool = True,
+                 blocked: torch.Tensor | None = None) -> torch.Tensor:
     """The draft's greedy next token at every position (B,T), computed without full logits."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         hidden = _body(model)(input_ids=input_ids.long()).last_hidden_state
@@ -1066,7 +1074,8 @@ def draft_argmax(model: Any, input_ids: torch.Tensor, rows: int = 1024, autocast
         hidden, w = hidden.to(torch.bfloat16), w.to(torch.bfloat16)
     else:
         hidden = hidden.float()
-    out = [(hidden[s: s + rows] @ w.T).argmax(-1) for s in range(0, b * t, rows)]
+    out = [(hidden[s: s + rows] @ w.T).masked_fill(blocked, float("-inf")).argmax(-1) if blocked is not None
+           else (hidden[s: s + rows] @ w.T).argmax(-1) for s in range(0, b * t, rows)]
     return torch.cat(out).view(b, t)
 
 
@@ -1076,8 +1085,9 @@ def draft_argmax(model: Any, input_ids: torch.Tensor, rows: int = 1024, autocast
 
 @torch.no_grad()
 def _eval_batch(model: Any, x: torch.Tensor, t_ids: torch.Tensor, t_logp: torch.Tensor,
-                rows: int = 1024) -> tuple[torch.Tensor, float]:
-    """(B,T) matches of the draft's argmax with the teacher's, and the summed KL(teacher top-k || draft)."""
+                rows: int = 1024, blocked: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """(B,T) matches of the draft's argmax with the teacher's, and the summed KL(teacher top-k || draft).
+    ``blocked`` (bool over the vocabulary): ids the argmax may not pick (outside a draft vocabulary)."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = _body(model)(input_ids=x.long()).last_hidden_state
     b, t, d = hidden.shape
@@ -1092,7 +1102,8 @@ def _eval_batch(model: Any, x: torch.Tensor, t_ids: torch.Tensor, t_logp: torch.
         z = (hidden[s: s + rows] @ w.T).float()
         if cap:
             z = torch.tanh(z / cap) * cap
-        match.append(z.argmax(-1) == ids[s: s + rows, 0])
+        pick = z if blocked is None else z.masked_fill(blocked, float("-inf"))
+        match.append(pick.argmax(-1) == ids[s: s + rows, 0])
         logq = z.gather(1, ids[s: s + rows]) - torch.logsumexp(z, dim=-1, keepdim=True)
         kl += float((lp[s: s + rows].exp() * (lp[s: s + rows] - logq)).sum())
     return torch.cat(match).view(b, t), kl
@@ -1100,7 +1111,7 @@ def _eval_batch(model: Any, x: torch.Tensor, t_ids: torch.Tensor, t_logp: torch.
 
 @torch.no_grad()
 def evaluate(model: Any, data: Dataset, cache: TeacherCache, cfg: DistillConfig, limit: int | None = None,
-             generated: "GeneratedData | None" = None) -> dict[str, Any]:
+             generated: "GeneratedData | None" = None, blocked: torch.Tensor | None = None) -> dict[str, Any]:
     """Teacher-forced top-1 agreement with the target on held-out chunks (overall and per kind) + KL.
 
     With ``generated``, also the agreement on the held-out on-policy continuations (the target's own
@@ -1117,7 +1128,7 @@ def evaluate(model: Any, data: Dataset, cache: TeacherCache, cfg: DistillConfig,
         bi = idx[s: s + cfg.batch_size]
         x = data.eval[bi]
         t_ids, t_logp = cache.get("eval", bi)
-        match, kl = _eval_batch(model, x, t_ids, t_logp)
+        match, kl = _eval_batch(model, x, t_ids, t_logp, blocked=blocked)
         for row, i in zip(match, bi.tolist()):
             h = hits.setdefault(data.eval_kinds[i], [0, 0])
             h[0] += int(row.sum())
@@ -1137,7 +1148,7 @@ def evaluate(model: Any, data: Dataset, cache: TeacherCache, cfg: DistillConfig,
         hit, n, gkl = 0, 0, 0.0
         for s in range(0, len(gi), cfg.batch_size):
             x, t_ids, t_logp = generated.get("eval", gi[s: s + cfg.batch_size])
-            match, kl = _eval_batch(model, x, t_ids, t_logp)
+            match, kl = _eval_batch(model, x, t_ids, t_logp, blocked=blocked)
             # the prompt part is corpus text (or sampled); count the greedy continuation only
             cont = match[:, cfg.generate_prompt_len - 1:]
             hit, n, gkl = hit + int(cont.sum()), n + cont.numel(), gkl + kl
@@ -1148,7 +1159,8 @@ def evaluate(model: Any, data: Dataset, cache: TeacherCache, cfg: DistillConfig,
 
 @torch.no_grad()
 def acceptance_estimate(teacher: Any, draft: Any, data: Dataset, n_prompts: int, prompt_len: int,
-                        new_tokens: int, k: int, eos_ids: set[int]) -> dict[str, Any] | None:
+                        new_tokens: int, k: int, eos_ids: set[int],
+                        blocked: torch.Tensor | None = None) -> dict[str, Any] | None:
     """Free-running greedy estimate: the target continues held-out prompts greedily; along its own
     trajectory a greedy draft's proposals equal its teacher-forced argmax until the first miss, so the
     per-position matches give the exact accepted lengths of greedy speculative decoding with ``k``."""
@@ -1162,7 +1174,7 @@ def acceptance_estimate(teacher: Any, draft: Any, data: Dataset, n_prompts: int,
         seqs = teacher.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
                                 max_new_tokens=new_tokens,
                                 pad_token_id=0, num_beams=1)
-    pred = draft_argmax(draft, seqs[:, :-1], autocast=False)  # fp32 like the default draft runtime
+    pred = draft_argmax(draft, seqs[:, :-1], autocast=False, blocked=blocked)  # fp32 like the default draft runtime
     matches, accepted, steps, emitted, total_pos = 0, 0, 0, 0, 0
     for row in range(len(seqs)):
         gen = seqs[row, prompt_len:].tolist()
@@ -1267,6 +1279,60 @@ def export_draft(model: Any, target: Any, out: Path) -> tuple[Any, int]:
     return rounded, (out / "model.safetensors").stat().st_size
 
 
+def _top1_counts(labels: TeacherCache, split: str, shards: int, vocab: int, offset: int,
+                 first_position: int = 0) -> torch.Tensor:
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for sh in range(shards):
+        if labels.has(split, sh):
+            top1 = labels._shard(split, sh)["ids"][:, first_position:, 0].long() + offset
+            counts += torch.bincount(top1.flatten(), minlength=vocab)[:vocab]
+    return counts
+
+
+def build_draft_vocab(size: int, vocab: int, cache: TeacherCache, n_train_shards: int, n_eval_shards: int,
+                      generated: "GeneratedData | None", always: set[int]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The ``size`` ids the target predicts most often (its top-1) over the labelled training data (corpus
+    and on-policy chunks), plus ``always`` (special tokens); and how much of the held-out top-1 they cover."""
+    counts = _top1_counts(cache, "train", n_train_shards, vocab, cache.offset)
+    held = _top1_counts(cache, "eval", n_eval_shards, vocab, cache.offset)
+    held_gen = torch.zeros(vocab, dtype=torch.long)
+    if generated is not None:
+        counts += _top1_counts(generated.labels, "train", generated.shards("train"), vocab, 0)
+        held_gen = _top1_counts(generated.labels, "eval", generated.shards("eval"), vocab, 0,
+                                first_position=generated.cfg.generate_prompt_len - 1)
+    order = torch.argsort(counts, descending=True, stable=True)  # ties: lower id first
+    chosen = set(int(i) for i in always if 0 <= i < vocab)
+    for i in order.tolist():
+        if len(chosen) >= size:
+            break
+        chosen.add(i)
+    ids = torch.tensor(sorted(chosen), dtype=torch.long)
+
+    def cover(c: torch.Tensor) -> float | None:
+        return float(c[ids].sum() / c.sum()) if c.sum() else None
+
+    info = {"size": len(ids), "vocab_size": vocab, "training_positions": int(counts.sum()),
+            "distinct_predicted": int((counts > 0).sum()), "coverage_train": cover(counts),
+            "coverage_heldout_corpus": cover(held), "coverage_heldout_generated": cover(held_gen)}
+    return ids, info
+
+
+DRAFT_VOCAB_NOTE = "draft_vocab.json: specdec drafts over these ids only and computes just their LM-head rows"
+
+
+def write_draft_vocab(out: Path, ids: torch.Tensor | None, info: dict[str, Any] | None) -> None:
+    from specdec.models import DRAFT_VOCAB_FILE
+
+    path = out / DRAFT_VOCAB_FILE
+    if ids is None:
+        path.unlink(missing_ok=True)  # a stale vocabulary of an earlier run would restrict this draft
+        return
+    body = {"description": "the ids this draft proposes (the target's most frequent top-1 predictions in the "
+                           "distillation data); specdec computes only these rows of the draft's LM head",
+            **(info or {}), "token_ids": ids.tolist()}
+    path.write_text(json.dumps(body))
+
+
 def write_model_card(out: Path, s: dict[str, Any]) -> None:
     ev = s["eval"]
     acc = s.get("acceptance")
@@ -1303,6 +1369,16 @@ def write_model_card(out: Path, s: dict[str, Any]) -> None:
             f"per step ({100 * acc['acceptance_rate']:.1f}% acceptance), {acc['tokens_per_target_step']:.2f} tokens "
             "per target forward."
         )
+    dv, full = s.get("draft_vocab"), s.get("eval_full_vocab")
+    if dv:
+        pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        lines.append(
+            f"- **Draft vocabulary** ({DRAFT_VOCAB_NOTE}): the {dv['size']:,} of {dv['vocab_size']:,} ids the target "
+            f"predicts most often in the training data; they cover {pct(dv['coverage_heldout_corpus'])} of its held-out "
+            f"corpus predictions and {pct(dv['coverage_heldout_generated'])} of its held-out on-policy ones. The "
+            "numbers above are measured drafting over it"
+            + (f"; over the whole vocabulary the held-out agreement is {100 * full['agreement']:.1f}%" if full else "")
+            + ".")
     init_eval = s.get("init_eval")
     if init_eval:
         lines.append(f"- Agreement at initialisation (before training): {100 * init_eval['agreement']:.1f}%"
@@ -1664,9 +1740,20 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
     # Export and final evaluation (on the bf16 weights that ship)
     draft.eval()
     rounded, size = export_draft(draft, target, out)
-    final = evaluate(rounded, data, cache, cfg, generated=generated)
+    blocked, vocab_info, full_vocab_eval = None, None, None
+    if cfg.draft_vocab and cfg.draft_vocab < vocab:
+        vocab_ids, vocab_info = build_draft_vocab(
+            cfg.draft_vocab, vocab, cache, math.ceil(len(data.train) / shard_size), n_eval_shards, generated,
+            set(target.tokenizer.all_special_ids) | set(target.eos_token_ids))
+        write_draft_vocab(out, vocab_ids, vocab_info)
+        blocked = torch.ones(vocab, dtype=torch.bool)
+        blocked[vocab_ids] = False
+        full_vocab_eval = evaluate(rounded, data, cache, cfg, generated=generated)
+    else:
+        write_draft_vocab(out, None, None)
+    final = evaluate(rounded, data, cache, cfg, generated=generated, blocked=blocked)
     accept = acceptance_estimate(teacher, rounded, data, cfg.accept_prompts, min(64, cfg.seq_len),
-                                 cfg.accept_tokens, cfg.num_speculative_tokens, set(target.eos_token_ids))
+                                 cfg.accept_tokens, cfg.num_speculative_tokens, set(target.eos_token_ids), blocked)
     recent_losses = [e["loss"] for e in log[-20:]] or [float("nan")]
     n_steps_timed = timed[1]
     step_s = timed[0] / n_steps_timed if n_steps_timed else float("nan")
@@ -1708,6 +1795,7 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
             "prompt_len": cfg.generate_prompt_len, "free_fraction": cfg.generate_free_fraction,
             "minutes": gen_seconds / 60},
         "init_from": cfg.init_from,
+        "draft_vocab": vocab_info, "eval_full_vocab": full_vocab_eval,
     }
     write_model_card(out, summary)
     (out / "distill.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -19,6 +19,7 @@ import torch
 
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.kv_cache import BatchKVView, SequenceKVCache
+from specdec.lean import lean_decoder
 from specdec.models import LoadedModel, SkinnyLinear
 from specdec.rejection import greedy_accept, rejection_sample
 from specdec.sampling import SamplingParams, make_generator, process_logits, sample
@@ -73,6 +74,7 @@ class ModelRunner:
         max_sequences: int = 256,
         logits_vocab_size: int | None = None,
         min_query_tokens: int | None = None,
+        lean_forward: bool | None = None,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
@@ -95,6 +97,19 @@ class ModelRunner:
                 isinstance(m, SkinnyLinear) for m in lm.model.modules())
             min_query_tokens = 4 if slow_rows else 1
         self.min_query_tokens = min_query_tokens
+        # The network that runs the passes: specdec.lean.LeanDecoder where the architecture allows (by
+        # default for drafts, whose small steps are mostly Python overhead in transformers' forward),
+        # else the transformers model itself. Both take the same call and return ``.logits``.
+        if lean_forward is None:
+            lean_forward = role == "draft"
+        # A draft proposes only from its draft vocabulary, if its folder has one (the lean forward computes
+        # just those logits; the transformers forward is masked to the same ids).
+        self.vocab_subset = lm.draft_vocab if role == "draft" else None
+        self.net: Any = (lean_decoder(lm.model, self.vocab_subset) if lean_forward else None) or lm.model
+        self._mask: torch.Tensor | None = None
+        if self.vocab_subset is not None and self.net is lm.model:
+            self._mask = torch.ones(lm.vocab_size, dtype=torch.bool, device=lm.device)
+            self._mask[self.vocab_subset.to(lm.device)] = False
 
     # -- sequence bookkeeping ------------------------------------------------------------------
     def get_or_create(self, sequence_id: str, seed: int | None) -> _Sequence:
@@ -171,7 +186,7 @@ class ModelRunner:
         fed = new_token_ids + new_token_ids[-1:] * pad  # causal: padding after the real tokens never changes them
         input_ids = torch.tensor([fed], dtype=torch.long, device=device)  # [1, n + pad]
         positions = torch.arange(start, end + pad, device=device).unsqueeze(0)  # [1, n + pad]
-        out = self.lm.model(
+        out = self.net(
             input_ids=input_ids,
             position_ids=positions,
             use_cache=True,
@@ -222,7 +237,7 @@ class ModelRunner:
             input_ids[row, : len(new)] = torch.tensor(new, dtype=torch.long)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)  # [batch, width]
         positions = positions.clamp_max_(self.max_model_len - 1)  # padding columns stay in the model's range
-        out = self.lm.model(
+        out = self.net(
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=self._padded_masks(positions, max(starts) + width),
@@ -276,6 +291,8 @@ class ModelRunner:
                                       param="prompt")
 
     def _align_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._mask is not None:
+            logits = logits.masked_fill(self._mask[: logits.shape[-1]], float("-inf"))
         v, target_v = logits.shape[-1], self.logits_vocab_size
         if v == target_v:
             return logits

@@ -225,6 +225,8 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    # The ids this model proposes when it serves as a draft (DRAFT_VOCAB_FILE in its folder), or None: all.
+    draft_vocab: torch.Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -321,19 +323,24 @@ class SkinnyLinear(torch.nn.Linear):
     rows_small = (1, 8)  # decoder projections: it wins or ties for 1-8 rows (one row fed twice)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        big = w.shape[0] >= self.big_out_features
-        if (x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled()
-                or not (1 <= m <= self.max_rows_big if big else self.rows_small[0] <= m <= self.rows_small[1])):
-            return torch.nn.functional.linear(x, w, self.bias)
-        rows = x.reshape(m, x.shape[-1])
-        if m == 1:
-            rows = torch.cat([rows, rows])
-        out = torch.mm(w, rows.t()).t()[:m]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.contiguous().view(*x.shape[:-1], w.shape[0])
+        return skinny_linear(x, self.weight, self.bias)
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``, as ``w @ x.T`` where that is faster (see :class:`SkinnyLinear`)."""
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    big = w.shape[0] >= SkinnyLinear.big_out_features
+    rows_small = SkinnyLinear.rows_small
+    if (x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled()
+            or not (1 <= m <= SkinnyLinear.max_rows_big if big else rows_small[0] <= m <= rows_small[1])):
+        return torch.nn.functional.linear(x, w, bias)
+    rows = x.reshape(m, x.shape[-1])
+    if m == 1:
+        rows = torch.cat([rows, rows])
+    out = torch.mm(w, rows.t()).t()[:m]
+    if bias is not None:
+        out = out + bias
+    return out.contiguous().view(*x.shape[:-1], w.shape[0])
 
 
 def use_skinny_matmuls(model: torch.nn.Module) -> int:
@@ -380,7 +387,29 @@ def load_model(
         dtype=torch_dtype,
         device=torch.device(device),
         eos_token_ids=frozenset(eos),
+        draft_vocab=load_draft_vocab(path, int(model.get_output_embeddings().weight.shape[0])),
     )
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def load_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
+    """The sorted token ids of ``folder``'s draft vocabulary (``draft_vocab.json``: {"token_ids": [...]}),
+    or None when the folder has none. A draft drafts only over these ids (its other logits are -inf):
+    computing a few thousand rows of the LM head instead of the whole vocabulary makes a small draft's
+    step several times cheaper, while the target's frequent tokens stay proposable."""
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    try:
+        ids = json.loads(path.read_text())["token_ids"]
+        vocab = torch.tensor(sorted(set(int(i) for i in ids)), dtype=torch.long)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: expected {{\"token_ids\": [ints]}} ({exc})") from None
+    if len(vocab) == 0 or vocab[0] < 0 or vocab[-1] >= vocab_size:
+        raise ValueError(f"{path}: token ids must be a non-empty list within [0, {vocab_size})")
+    return vocab
 
 
 def load_tokenizer(name: str, revision: str | None = None) -> Any:
