@@ -105,8 +105,11 @@ class Backend:
         self._warmup()
         threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
         self.ready.set()
-        logger.info("%s backend ready: %s (%s, vocab %d, max_model_len %d)", self.role, cfg.model,
-                    dtype_name(self.lm.dtype), self.lm.vocab_size, self.max_model_len)
+        runtime = "transformers forward" if self.runner.net is self.lm.model else "lean forward"
+        if self.runner.vocab_subset is not None:
+            runtime += f", draft vocabulary of {len(self.runner.vocab_subset)} ids"
+        logger.info("%s backend ready: %s (%s, vocab %d, max_model_len %d; %s)", self.role, cfg.model,
+                    dtype_name(self.lm.dtype), self.lm.vocab_size, self.max_model_len, runtime)
 
     def _tli_adapter(self):
         """A TLI adapter when the target's tokenizer is given and differs from the draft's."""

@@ -15,7 +15,11 @@ TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts beco
 
 # The embedded default pair of `specdec serve` with no model named.
 DEFAULT_TARGET = "smollm2-135m"
-DEFAULT_NUM_SPECULATIVE_TOKENS = 2  # measured best for the default pair (benchmarks/bench_default_pair.py)
+DEFAULT_NUM_SPECULATIVE_TOKENS = 2  # k when a speculative_config names none
+# k of the embedded default pair: measured best with its float32 target (benchmarks/bench_default_pair.py).
+# On 2 CPU cores an fp32 pass of 2 tokens costs what one token does, 3-5 tokens ~1.4-1.6x, and the draft
+# agrees ~30% of the time on the next token: k=1 gains, longer proposals lose.
+DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 1
 
 
 @dataclass(frozen=True)
@@ -111,4 +115,4 @@ def default_speculative_config() -> dict | None:
     """The embedded default pair's speculative_config (None while no default draft is shipped)."""
     if default_draft_path() is None:
         return None
-    return {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": DEFAULT_NUM_SPECULATIVE_TOKENS}
+    return {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS}

@@ -1597,6 +1597,7 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
         step, epoch, pos = state["step"], state["epoch"], state["pos"]
         tokens_seen, train_seconds = state["tokens_seen"], state["train_seconds"]
         label_seconds = state.get("label_seconds", 0.0)
+        gen_seconds += state.get("gen_seconds", 0.0)  # on-policy generation of the earlier invocations
         log = state["log"]
         timed[:] = state.get("timed", [0.0, 0])
         init_eval = state.get("init_eval")
@@ -1641,6 +1642,7 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
         _atomic_torch_save({
             "model": draft.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch, "pos": pos,
             "tokens_seen": tokens_seen, "train_seconds": train_seconds, "label_seconds": label_seconds,
+            "gen_seconds": gen_seconds,
             "timed": timed, "active": active, "wall_seconds": wall_before + time.perf_counter() - t_invocation,
             "log": log, "config": asdict(cfg), "init_info": init_info, "init_eval": init_eval,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}, "data_key": data.key,

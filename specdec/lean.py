@@ -125,9 +125,7 @@ class LeanDecoder:
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # as transformers' RMSNorm: normalise in fp32, scale in the model's dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -145,6 +143,7 @@ class LeanDecoder:
         if isinstance(attention_mask, dict):  # per-layer-type masks: every layer here is full attention
             attention_mask = attention_mask["full_attention"]
         b, n = input_ids.shape
+        # fp32 on CPU: few-row products as SkinnyLinear computes them (much faster there)
         linear = skinny_linear if self.dtype == torch.float32 and input_ids.device.type == "cpu" else F.linear
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary(x, position_ids)

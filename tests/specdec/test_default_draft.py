@@ -26,7 +26,7 @@ def test_default_draft_shares_the_target_tokenizer():
     assert draft.model.num_parameters() < target.model.num_parameters() / 4
 
 
-@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("k", [1, 2, 4])
 def test_default_pair_is_lossless_greedy(k):
     prompts = ["The history of the printing press begins", "def fibonacci(n):\n"]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -37,3 +37,24 @@ def test_default_pair_is_lossless_greedy(k):
     for out, ref in zip(outs, refs):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
         assert out.spec_decode_stats.num_accepted_tokens > 0, "the distilled draft should agree sometimes"
+
+
+def test_default_draft_runs_lean_over_its_draft_vocab():
+    """The shipped draft_vocab.json loads; the draft worker's runner uses the lean forward over it and its
+    logits equal transformers' on those ids (the others are -inf)."""
+    import torch
+
+    from specdec.engine import ModelRunner
+    from specdec.lean import LeanDecoder
+
+    draft = load_model(DEFAULT_DRAFT, dtype="float32")
+    assert draft.draft_vocab is not None and len(draft.draft_vocab) == 16384
+    runner = ModelRunner(draft, 256, role="draft")
+    assert isinstance(runner.net, LeanDecoder) and runner.net.lm_head.shape[0] == 16384
+    ids = draft.tokenizer("def fibonacci(n):\n    return").input_ids
+    logits = runner.forward(runner.get_or_create("s", 0), ids)[0]
+    with torch.inference_mode():
+        ref = draft.model(torch.tensor([ids])).logits[0, -1]
+    vocab = draft.draft_vocab
+    torch.testing.assert_close(logits[vocab], ref[vocab], rtol=1e-4, atol=1e-4)
+    assert torch.isneginf(logits).sum() == draft.vocab_size - len(vocab)
