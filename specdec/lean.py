@@ -82,12 +82,10 @@ class LeanDecoder:
         if reason is not None:
             raise ValueError(f"LeanDecoder cannot run this model: {reason}")
         cfg = model.config
-        self.config = cfg
         self.dtype = model.dtype
-        self.hidden = cfg.hidden_size
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
         self.embed = model.model.embed_tokens.weight
         self.rotary = model.model.rotary_emb
@@ -119,7 +117,7 @@ class LeanDecoder:
                     gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
                     down=mlp.down_proj.weight,
                 ))
-                self.scaling = a.scaling
+        self.scaling = model.model.layers[0].self_attn.scaling if self.layers else 1.0
         self.split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         self.intermediate = self.layers[0].gate_up.shape[0] // 2 if self.layers else 0
 
