@@ -23,7 +23,7 @@ from common import plain_linears, print_table, write_json  # noqa: E402
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from specdec.models import load_model  # noqa: E402
-from specdec.serve import ServeConfig, start_stack  # noqa: E402
+from specdec.entrypoints.serve import ServeConfig, start_stack  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 HELD_OUT = [

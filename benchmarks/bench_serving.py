@@ -25,7 +25,7 @@ from common import PROMPTS, print_table, write_json  # noqa: E402
 
 from specdec import LLM, SamplingParams  # noqa: E402
 from specdec.config import default_draft_path  # noqa: E402
-from specdec.serve import ServeConfig, start_stack  # noqa: E402
+from specdec.entrypoints.serve import ServeConfig, start_stack  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def main() -> int:
 
     def on_compute_thread(fn):
         """Run fn on the stack's compute thread: the in-process engine gets the same thread and
-        OpenMP pool as the served models (a second pool would slow both; see specdec.batching)."""
+        OpenMP pool as the served models (a second pool would slow both; see specdec.serving.batching)."""
         box: list = []
         done = threading.Event()
         compute.submit(lambda: (box.append(fn()), done.set()))

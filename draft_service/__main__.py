@@ -4,10 +4,10 @@ Health says NOT_SERVING until the model is loaded and warmed up.
 """
 
 from draft_service.config import ENV_PREFIX, DraftServiceConfig
-from specdec.settings import service_cli
+from specdec.serving.backend_service import backend_service_cli
 
-add_arguments, run, main = service_cli(DraftServiceConfig, ENV_PREFIX, "draft_service.server:create_server_async",
-                                       "draft-service")
+add_arguments, run, main = backend_service_cli(DraftServiceConfig, ENV_PREFIX, "draft_service.server:create_server",
+                                               "draft-service")
 
 if __name__ == "__main__":
     main()

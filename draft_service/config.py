@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.backend import BackendConfig
+from specdec.config import TLI_PROPOSALS
+from specdec.serving.backend_service import BackendServiceConfig
 
 ENV_PREFIX = "SPECDEC_DRAFT"
 
 
 @dataclass
-class DraftServiceConfig(BackendConfig):
-    host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
+class DraftServiceConfig(BackendServiceConfig):
     port: int = field(default=50051, metadata={"help": "gRPC port (0: any free port)"})
     draft_sample_method: str = field(default="greedy", metadata={"help": "greedy or probabilistic (default when a request leaves it unspecified)"})
     target_tokenizer: str | None = field(default=None, metadata={"help": "the target's model/tokenizer, for a draft with another vocabulary (Token-Level Intersection): proposals are then in target ids"})
-    tli_proposals: str = field(default="text", metadata={"help": "with --target-tokenizer, greedy drafting proposes the drafted text tokenized for the target ('text') or intersection tokens only ('intersection')"})
+    tli_proposals: str = field(default="text", metadata={"help": f"with --target-tokenizer, greedy drafting proposes the drafted text tokenized for the target ('text') or intersection tokens only ('intersection'); one of {list(TLI_PROPOSALS)}"})
     draft_top_n: int = field(default=256, metadata={"help": "probabilistic drafting samples from the renormalised top-N (0: full vocabulary); q is sent sparsely"})

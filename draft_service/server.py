@@ -1,26 +1,20 @@
-"""DraftService servicer: protobuf ↔ engine calls, nothing more."""
+"""DraftService servicer: protobuf ↔ the draft backend's calls, nothing more."""
 
 from __future__ import annotations
 
 import grpc
 
 from draft_service.config import DraftServiceConfig
-from specdec.batching import ComputeThread
-from specdec.backend import Backend
 from specdec.config import TLI_PROPOSALS
-from specdec.engine import ProposeCall
 from specdec.errors import ConfigError
-from specdec.grpc_utils import (
-    BackendServicerMixin,
-    ServerHandle,
-    map_errors,
-    probs_to_proto,
-    require_ready,
-    sampling_from_proto,
-    start_backend_server,
-    time_remaining,
-)
+from specdec.serving.backend import Backend
+from specdec.serving.backend_service import BackendServicerMixin, require_ready, start_backend_service
+from specdec.serving.batching import ComputeThread
+from specdec.serving.grpc_errors import map_errors
+from specdec.serving.server import ServerHandle, time_remaining
+from specdec.serving.wire import probs_to_proto, sampling_from_proto
 from specdec.v1 import draft_service_pb2, draft_service_pb2_grpc
+from specdec.workers import ProposeCall
 
 SERVICE_NAME = draft_service_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 _METHODS = {
@@ -55,26 +49,12 @@ class DraftServicer(BackendServicerMixin, draft_service_pb2_grpc.DraftServiceSer
 
 def create_server(config: DraftServiceConfig, load_async: bool = False,
                   compute: ComputeThread | None = None) -> ServerHandle:
-    """Start a draft service on config.host:config.port (port 0 binds any free port).
-
-    ``compute``: run its forward passes on this thread, shared with another model in the process.
-    """
+    """Start a draft service (see ``specdec.serving.backend_service.start_backend_service``)."""
     if config.tli_proposals not in TLI_PROPOSALS:
         raise ConfigError(f"--tli-proposals must be one of {list(TLI_PROPOSALS)}, got {config.tli_proposals!r}")
-    backend = Backend("draft", config, draft_sample_method=config.draft_sample_method,
-                      draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer, compute=compute,
-                      tli_proposals=config.tli_proposals)
-    servicer = DraftServicer(backend)
-    return start_backend_server(
-        backend,
-        lambda server: draft_service_pb2_grpc.add_DraftServiceServicer_to_server(servicer, server),
-        [SERVICE_NAME],
-        config.host,
-        config.port,
-        load_async=load_async,
+    return start_backend_service(
+        "draft", config, DraftServicer, draft_service_pb2_grpc.add_DraftServiceServicer_to_server, SERVICE_NAME,
+        load_async=load_async, compute=compute, draft_sample_method=config.draft_sample_method,
+        draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer,
+        tli_proposals=config.tli_proposals,
     )
-
-
-def create_server_async(config) -> ServerHandle:
-    """As create_server, but the port opens at once (NOT_SERVING) while the model loads."""
-    return create_server(config, load_async=True)

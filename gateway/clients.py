@@ -16,15 +16,12 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.engine import Proposal, VerifyResult
-from specdec.errors import (
-    BackendUnavailableError,
-    InvalidRequestError,
-    ResourceExhaustedError,
-    SequenceNotFoundError,
-)
-from specdec.grpc_utils import probs_from_proto, probs_to_proto, sampling_to_proto
+from specdec.errors import BackendUnavailableError, DeadlineExceededError, SequenceNotFoundError
+from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
+from specdec.serving.grpc_errors import error_from_rpc
+from specdec.serving.server import channel_options
+from specdec.serving.wire import probs_from_proto, probs_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, draft_service_pb2, draft_service_pb2_grpc, target_service_pb2, target_service_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -35,32 +32,12 @@ _DRAFT_METHODS = {
 }
 
 
-def _domain_error(role: str, err: grpc.RpcError) -> Exception:
-    code, msg = err.code(), f"{role} service: {err.details()}"
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequestError(msg)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ResourceExhaustedError(msg)
-    if code == grpc.StatusCode.NOT_FOUND:
-        return SequenceNotFoundError(msg)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return TimeoutError(msg)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.FAILED_PRECONDITION):
-        # FAILED_PRECONDITION: the service cannot serve at all (its model failed to load): a 503, not a 500
-        return BackendUnavailableError(f"{msg} ({code.name})")
-    return RuntimeError(f"{msg} ({code.name})")
-
-
 class _RemoteBackend:
     role = "backend"
 
     def __init__(self, address: str, retry_seconds: float = 60.0):
         self.address = address
-        self.channel = grpc.insecure_channel(
-            address,
-            options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                     ("grpc.max_send_message_length", 64 * 1024 * 1024)],
-        )
+        self.channel = grpc.insecure_channel(address, options=channel_options())
         self.retry_seconds = retry_seconds
         self._held: dict[str, int] = {}  # sequence id -> committed tokens the service holds
         self._lock = threading.Lock()
@@ -77,7 +54,7 @@ class _RemoteBackend:
             return None
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(f"{self.role} service: the request's deadline passed")
+            raise DeadlineExceededError(f"{self.role} service: the request's deadline passed")
         return remaining
 
     def _call(self, rpc, make_request: Callable[[int, list[int]], object], sequence_id: str, token_ids: list[int]):
@@ -95,16 +72,17 @@ class _RemoteBackend:
                     self._held[sequence_id] = len(token_ids)
                 return response
             except grpc.RpcError as err:
-                code = err.code()
-                if code == grpc.StatusCode.NOT_FOUND and start > 0:
+                error = error_from_rpc(err, f"{self.role} service: ")
+                if isinstance(error, SequenceNotFoundError) and start > 0:
                     logger.info("%s lost sequence %s; resending its %d tokens", self.role, sequence_id, len(token_ids))
                     start = 0
                     continue
-                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < give_up:
+                if type(error) is BackendUnavailableError and err.code() == grpc.StatusCode.UNAVAILABLE \
+                        and time.monotonic() < give_up:
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
-                raise _domain_error(self.role, err) from None
+                raise error from None
 
     def release(self, sequence_id: str) -> None:
         with self._lock:

@@ -27,15 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import specdec
-from gateway.core import Gateway, deadline_from_timeout
-from specdec.errors import (
-    BackendUnavailableError,
-    ConfigError,
-    InvalidRequestError,
-    ResourceExhaustedError,
-    SequenceNotFoundError,
-    SpecDecError,
-)
+from gateway.generation import Gateway, deadline_from_timeout
+from specdec.errors import AuthenticationError, InvalidRequestError, ModelNotFoundError, SpecDecError, openai_error_body
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
 
@@ -92,19 +85,12 @@ def error_response(status: int, message: str, type_: str, param: str | None = No
                                                                 "code": code}})
 
 
-def domain_error_response(exc: Exception) -> JSONResponse:
-    if isinstance(exc, InvalidRequestError):
-        return error_response(400, str(exc), "invalid_request_error", exc.param)
-    if isinstance(exc, ResourceExhaustedError):
-        return error_response(429, str(exc), "rate_limit_error", code="resource_exhausted")
-    if isinstance(exc, (BackendUnavailableError, SequenceNotFoundError)):
-        return error_response(503, str(exc), "service_unavailable", code="backend_unavailable")
-    if isinstance(exc, TimeoutError):
-        return error_response(504, str(exc) or "the request timed out", "timeout", code="deadline_exceeded")
-    if isinstance(exc, ConfigError):
-        return error_response(400, str(exc), "invalid_request_error")
-    logger.exception("unexpected error")
-    return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+def domain_error_response(exc: BaseException) -> JSONResponse:
+    """OpenAI's error body for any exception, from the one table in specdec.errors."""
+    status, body = openai_error_body(exc)
+    if status >= 500 and not isinstance(exc, SpecDecError):
+        logger.error("unexpected error", exc_info=exc)
+    return JSONResponse(status_code=status, content=body)
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -120,8 +106,8 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
     async def check_api_key(request: Request, call_next):
         if api_key and request.url.path.startswith("/v1/"):
             if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return error_response(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                                      "invalid_request_error", code="invalid_api_key")
+                return domain_error_response(
+                    AuthenticationError("invalid or missing API key: send 'Authorization: Bearer <key>'"))
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
@@ -178,7 +164,7 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
 
     def check_request(body: _Common) -> None:
         if body.model is not None and body.model != model_name:
-            raise _NotFound(f"the model {body.model!r} does not exist; this server serves {model_name!r}")
+            raise ModelNotFoundError(f"the model {body.model!r} does not exist; this server serves {model_name!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(body, name):
                 raise InvalidRequestError(f"{name} is not supported (only 0)", param=name)
@@ -223,15 +209,7 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
         return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model_name,
                 "choices": choices, "usage": _usage(seqs, [ids])}
 
-    @app.exception_handler(_NotFound)
-    async def on_not_found(_request: Request, exc: Exception):
-        return error_response(404, str(exc), "invalid_request_error", "model", code="model_not_found")
-
     return app
-
-
-class _NotFound(Exception):
-    pass
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -5,9 +5,11 @@ from __future__ import annotations
 import grpc
 
 from gateway.config import GatewayConfig
-from gateway.core import Gateway, deadline_from_timeout
+from gateway.generation import Gateway, deadline_from_timeout
 from specdec.errors import InvalidRequestError
-from specdec.grpc_utils import ServerHandle, map_errors, map_stream_errors, sampling_from_proto, start_server, time_remaining
+from specdec.serving.grpc_errors import map_errors, map_stream_errors
+from specdec.serving.server import ServerHandle, start_server, time_remaining
+from specdec.serving.wire import sampling_from_proto
 from specdec.sequence import SequenceState
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["LLM", "SamplingParams", "SpeculativeConfig", "RequestOutput", "CompletionOutput", "SpecDecodeStats"]
 __version__ = "0.1.0"
 
-# Imported on first use (PEP 562): `python -m specdec.healthcheck`, run by container probes every few
+# Imported on first use (PEP 562): `python -m specdec.entrypoints.healthcheck`, run by container probes every few
 # seconds, must not pay for importing torch and transformers.
 _LAZY = {"LLM": "specdec.llm", "CompletionOutput": "specdec.llm", "RequestOutput": "specdec.llm",
          "SamplingParams": "specdec.sampling", "SpecDecodeStats": "specdec.sampling",

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from specdec.engine import MAX_NUM_SPECULATIVE_TOKENS
+from specdec.proposal import check_num_speculative_tokens
 from specdec.errors import ConfigError
 
 SUPPORTED_METHODS = ("draft_model",)
@@ -70,11 +70,7 @@ class SpeculativeConfig:
                 f"speculative_config method {self.method!r} is not supported; specdec implements "
                 f"{list(SUPPORTED_METHODS)}"
             )
-        k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_NUM_SPECULATIVE_TOKENS:
-            raise ConfigError(
-                f"num_speculative_tokens must be an integer in [1, {MAX_NUM_SPECULATIVE_TOKENS}], got {k!r}"
-            )
+        check_num_speculative_tokens(self.num_speculative_tokens, ConfigError)
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ConfigError(
                 f"draft_sample_method must be one of {list(DRAFT_SAMPLE_METHODS)}, got {self.draft_sample_method!r}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from specdec.engine import Proposal, VerifyResult
+from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
 

@@ -1,36 +1,167 @@
-"""Domain errors. Servicers and the HTTP layer map these to gRPC codes / HTTP statuses in one place."""
+"""Domain errors, and the one table that says how each one crosses gRPC and HTTP.
+
+Every error specdec raises on purpose declares here, once: its gRPC status code (by name, so this
+module needs no grpc), its HTTP status, and OpenAI's error ``type`` / ``code``. The servicers
+(``specdec.serving.grpc_errors``), the gateway's gRPC clients (status code → domain error) and the
+OpenAI layer all read these attributes; nothing else maps errors.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
 
 
 class SpecDecError(Exception):
-    """Base class of every error specdec raises on purpose."""
+    """Base class of every error specdec raises on purpose (unknown ones are INTERNAL / 500)."""
 
+    grpc_code = "INTERNAL"
+    http_status = 500
+    openai_type = "internal_error"
+    openai_code: str | None = "internal_error"
 
-class InvalidRequestError(SpecDecError, ValueError):
-    """The caller's input is wrong (bad parameter, prompt too long ...): INVALID_ARGUMENT / HTTP 400."""
-
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str = "", param: str | None = None):
         super().__init__(message)
         self.param = param
 
 
+class InvalidRequestError(SpecDecError, ValueError):
+    """The caller's input is wrong (bad parameter, prompt too long ...); the message says what to fix."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
+    openai_type = "invalid_request_error"
+    openai_code = None
+
+
 class ConfigError(SpecDecError, ValueError):
-    """A configuration (speculative_config, flags) is invalid or incompatible."""
+    """A configuration (speculative_config, flags, a draft/target pair) is invalid or incompatible."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    http_status = 400
+    openai_type = "invalid_request_error"
+    openai_code = "invalid_config"
 
 
 class ModelNotFoundError(SpecDecError, FileNotFoundError):
-    """A model name could not be resolved to weights."""
+    """A model name could not be resolved to weights, or a request names a model not served here."""
+
+    grpc_code = "NOT_FOUND"
+    http_status = 404
+    openai_type = "invalid_request_error"
+    openai_code = "model_not_found"
+
+    def __init__(self, message: str = "", param: str | None = "model"):
+        super().__init__(message, param)
+
+    def __str__(self) -> str:  # FileNotFoundError would format its args otherwise
+        return str(self.args[0]) if self.args else "model not found"
 
 
 class SequenceNotFoundError(SpecDecError, KeyError):
-    """A service does not hold the sequence (restart, eviction): the caller resends the history."""
+    """A service does not hold the sequence (restart, eviction): the caller resends the history.
+
+    The gateway handles it by resending; it reaches an HTTP client only if the resend fails too."""
+
+    grpc_code = "NOT_FOUND"
+    http_status = 503
+    openai_type = "service_unavailable"
+    openai_code = "sequence_lost"
 
     def __str__(self) -> str:  # KeyError quotes its message otherwise
         return str(self.args[0]) if self.args else "sequence not found"
 
 
 class ResourceExhaustedError(SpecDecError):
-    """A cache cap was reached: RESOURCE_EXHAUSTED / HTTP 429."""
+    """A cap was reached (cached sequences, queue): retry later."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    http_status = 429
+    openai_type = "rate_limit_error"
+    openai_code = "resource_exhausted"
 
 
 class BackendUnavailableError(SpecDecError):
-    """A draft or target service cannot be reached: UNAVAILABLE / HTTP 503."""
+    """A draft or target service cannot be reached, or is still loading: retry later."""
+
+    grpc_code = "UNAVAILABLE"
+    http_status = 503
+    openai_type = "service_unavailable"
+    openai_code = "backend_unavailable"
+
+
+class ModelLoadError(BackendUnavailableError):
+    """The service's model failed to load: retrying will not help, the operator must act."""
+
+    grpc_code = "FAILED_PRECONDITION"
+    http_status = 503
+    openai_type = "service_unavailable"
+    openai_code = "model_load_failed"
+
+
+class DeadlineExceededError(SpecDecError, TimeoutError):
+    """The request's deadline passed before it finished."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+    http_status = 504
+    openai_type = "timeout"
+    openai_code = "deadline_exceeded"
+
+
+class AuthenticationError(SpecDecError):
+    """A missing or wrong API key."""
+
+    grpc_code = "UNAUTHENTICATED"
+    http_status = 401
+    openai_type = "invalid_request_error"
+    openai_code = "invalid_api_key"
+
+
+# Every domain error class, most specific first where a gRPC code is shared: the first class with a
+# code is what a bare status code (no class named in the trailing metadata) turns back into.
+DOMAIN_ERRORS: tuple[type[SpecDecError], ...] = (
+    InvalidRequestError,
+    SequenceNotFoundError,
+    ModelNotFoundError,
+    ResourceExhaustedError,
+    BackendUnavailableError,
+    ModelLoadError,  # a bare FAILED_PRECONDITION comes from a backend that cannot serve
+    ConfigError,
+    DeadlineExceededError,
+    AuthenticationError,
+)
+_BY_NAME = {cls.__name__: cls for cls in DOMAIN_ERRORS}
+
+# Exceptions from outside specdec that still have a meaning: a timeout is a deadline.
+_FOREIGN = ((futures.TimeoutError, DeadlineExceededError), (TimeoutError, DeadlineExceededError))
+
+
+def domain_class(exc: BaseException) -> type[SpecDecError]:
+    """The table row of ``exc`` (SpecDecError itself: an internal error)."""
+    if isinstance(exc, SpecDecError):
+        return type(exc) if type(exc) in _BY_NAME.values() else next(
+            (cls for cls in DOMAIN_ERRORS if isinstance(exc, cls)), SpecDecError)
+    for foreign, cls in _FOREIGN:
+        if isinstance(exc, foreign):
+            return cls
+    return SpecDecError
+
+
+def error_from_code(code_name: str, message: str, class_name: str | None = None) -> SpecDecError:
+    """The domain error a gRPC status turns back into: the class the server named, else the first
+    class with that code; an unknown code is an internal error."""
+    cls = _BY_NAME.get(class_name or "")
+    if cls is None or cls.grpc_code != code_name:
+        cls = next((c for c in DOMAIN_ERRORS if c.grpc_code == code_name), SpecDecError)
+    return cls(message)
+
+
+def openai_error_body(exc: BaseException) -> tuple[int, dict]:
+    """(HTTP status, OpenAI's error body) for any exception; internals are not disclosed."""
+    cls = domain_class(exc)
+    if cls is SpecDecError and not isinstance(exc, SpecDecError):
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    else:
+        message = str(exc) or cls.__name__
+    param = getattr(exc, "param", None)
+    return cls.http_status, {"error": {"message": message, "type": cls.openai_type, "param": param,
+                                       "code": cls.openai_code}}

@@ -10,13 +10,13 @@ from typing import Any
 
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
-from specdec.engine import DraftWorker, ModelRunner, TargetWorker
+from specdec.runner import ModelRunner
+from specdec.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
-from specdec.models import LoadedModel, load_model
+from specdec.models import LoadedModel, load_model, model_max_len
 from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
 
-DEFAULT_MAX_MODEL_LEN = 8192
 
 
 @dataclass
@@ -44,11 +44,6 @@ class RequestOutput:
         for out in self.outputs:
             total.merge(out.spec_decode_stats)
         return total
-
-
-def model_max_len(lm: LoadedModel) -> int:
-    cfg = lm.model.config.get_text_config()
-    return int(getattr(cfg, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN)
 
 
 class LLM:

@@ -418,3 +418,12 @@ def load_tokenizer(name: str, revision: str | None = None) -> Any:
 
     path, kwargs = resolve_model_path(name, revision)
     return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+DEFAULT_MAX_MODEL_LEN = 8192  # for a model whose config names no context length
+
+
+def model_max_len(lm: LoadedModel) -> int:
+    """The model's context length (max_position_embeddings)."""
+    cfg = lm.model.config.get_text_config()
+    return int(getattr(cfg, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN)

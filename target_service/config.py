@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.backend import BackendConfig
+from specdec.serving.backend_service import BackendServiceConfig
 
 ENV_PREFIX = "SPECDEC_TARGET"
 
 
 @dataclass
-class TargetServiceConfig(BackendConfig):
-    host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
+class TargetServiceConfig(BackendServiceConfig):
     port: int = field(default=50052, metadata={"help": "gRPC port (0: any free port)"})

@@ -1,23 +1,18 @@
-"""TargetService servicer: protobuf ↔ engine calls, nothing more."""
+"""TargetService servicer: protobuf ↔ the target backend's calls, nothing more."""
 
 from __future__ import annotations
 
 import grpc
 
-from specdec.batching import ComputeThread
-from specdec.backend import Backend
-from specdec.engine import Proposal, VerifyCall
-from specdec.grpc_utils import (
-    BackendServicerMixin,
-    ServerHandle,
-    map_errors,
-    probs_from_proto,
-    require_ready,
-    sampling_from_proto,
-    start_backend_server,
-    time_remaining,
-)
+from specdec.proposal import Proposal
+from specdec.serving.backend import Backend
+from specdec.serving.backend_service import BackendServicerMixin, require_ready, start_backend_service
+from specdec.serving.batching import ComputeThread
+from specdec.serving.grpc_errors import map_errors
+from specdec.serving.server import ServerHandle, time_remaining
+from specdec.serving.wire import probs_from_proto, sampling_from_proto
 from specdec.v1 import target_service_pb2, target_service_pb2_grpc
+from specdec.workers import VerifyCall
 from target_service.config import TargetServiceConfig
 
 SERVICE_NAME = target_service_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
@@ -48,22 +43,8 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
 
 def create_server(config: TargetServiceConfig, load_async: bool = False,
                   compute: ComputeThread | None = None) -> ServerHandle:
-    """Start a target service on config.host:config.port (port 0 binds any free port).
-
-    ``compute``: run its forward passes on this thread, shared with another model in the process.
-    """
-    backend = Backend("target", config, compute=compute)
-    servicer = TargetServicer(backend)
-    return start_backend_server(
-        backend,
-        lambda server: target_service_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server),
-        [SERVICE_NAME],
-        config.host,
-        config.port,
-        load_async=load_async,
+    """Start a target service (see ``specdec.serving.backend_service.start_backend_service``)."""
+    return start_backend_service(
+        "target", config, TargetServicer, target_service_pb2_grpc.add_TargetServiceServicer_to_server, SERVICE_NAME,
+        load_async=load_async, compute=compute,
     )
-
-
-def create_server_async(config) -> ServerHandle:
-    """As create_server, but the port opens at once (NOT_SERVING) while the model loads."""
-    return create_server(config, load_async=True)

@@ -38,7 +38,7 @@ def test_compose_wires_services_by_env():
     assert services["draft"]["environment"]["SPECDEC_DRAFT_PORT"] == "50051"
     assert services["target"]["environment"]["SPECDEC_TARGET_PORT"] == "50052"
     for name, svc in services.items():
-        assert "specdec.healthcheck" in " ".join(svc["healthcheck"]["test"]), name
+        assert "specdec.entrypoints.healthcheck" in " ".join(svc["healthcheck"]["test"]), name
         assert any("/cache" in str(v) for v in svc.get("volumes", [])), f"{name} lacks the model cache volume"
     assert services["gateway"]["depends_on"]["draft"]["condition"] == "service_healthy"
 

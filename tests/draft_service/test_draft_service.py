@@ -8,7 +8,7 @@ import grpc
 import pytest
 import torch
 
-import specdec.backend
+import specdec.serving.backend
 from draft_service.server import SERVICE_NAME
 from specdec import LLM, SamplingParams
 from specdec.v1 import common_pb2, draft_service_pb2 as pb, draft_service_pb2_grpc
@@ -185,8 +185,8 @@ def test_idle_sequence_is_evicted_after_its_ttl(servers, good_draft_dir, ref):
 def test_async_load_reports_not_serving_then_serving(servers, good_draft_dir, ref, monkeypatch):
     """Health is NOT_SERVING until the model is loaded (deterministic: the load waits on a gate)."""
     gate = threading.Event()
-    real_load = specdec.backend.load_model
-    monkeypatch.setattr(specdec.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
+    real_load = specdec.serving.backend.load_model
+    monkeypatch.setattr(specdec.serving.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
     handle = servers.draft(good_draft_dir, load_async=True)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as ch:

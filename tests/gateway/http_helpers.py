@@ -20,7 +20,7 @@ try:  # the official openai client ships its HTTP library as ``httpx`` (or ``htt
 except ImportError:  # pragma: no cover - depends on the installed openai
     import httpx2 as httpx  # type: ignore[no-redef]
 
-from specdec.serve import ServeConfig, Stack, start_stack
+from specdec.entrypoints.serve import ServeConfig, Stack, start_stack
 from tests.services_conftest_helpers import sequences_of, wait_until
 
 HOST = "127.0.0.1"

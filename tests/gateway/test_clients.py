@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from gateway.clients import RemoteTarget
-from specdec.engine import Proposal
+from specdec.proposal import Proposal
 from specdec.sampling import SamplingParams
 
 

@@ -8,7 +8,7 @@ import threading
 import grpc
 import pytest
 
-import specdec.backend
+import specdec.serving.backend
 from gateway.config import GatewayConfig
 from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError
 from specdec.v1 import generation_service_pb2_grpc
@@ -60,13 +60,13 @@ def test_gateway_waits_for_backends_that_are_still_loading(servers, target_dir, 
                                                            monkeypatch):
     """Backends started with load_async=True answer UNAVAILABLE while loading; the gateway waits."""
     gate = threading.Event()
-    real_load = specdec.backend.load_model
+    real_load = specdec.serving.backend.load_model
 
     def slow_load(*args, **kwargs):
         assert gate.wait(30), "test never opened the gate"
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(specdec.backend, "load_model", slow_load)
+    monkeypatch.setattr(specdec.serving.backend, "load_model", slow_load)
     target = servers.target(target_dir, load_async=True)
     draft = servers.draft(good_draft_dir, load_async=True)
     try:

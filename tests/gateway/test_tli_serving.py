@@ -14,7 +14,7 @@ import pytest
 from gateway.server import create_server as create_gateway
 from specdec import LLM, SamplingParams
 from specdec.errors import ConfigError
-from specdec.serve import ServeConfig, start_stack
+from specdec.entrypoints.serve import ServeConfig, start_stack
 from specdec.tli.adapter import TLIAdapter
 from specdec.v1 import generation_service_pb2 as gen_pb2, generation_service_pb2_grpc
 from tests.services_conftest_helpers import HOST, generate, generate_request, gateway_config, wait_released

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.decoding import decode, speculative_round
-from specdec.engine import Proposal, VerifyResult
+from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
 

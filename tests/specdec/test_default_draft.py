@@ -44,8 +44,8 @@ def test_default_draft_runs_lean_over_its_draft_vocab():
     logits equal transformers' on those ids (the others are -inf)."""
     import torch
 
-    from specdec.engine import ModelRunner
-    from specdec.lean import LeanDecoder
+    from specdec.runner import ModelRunner
+    from specdec.lean_decoder import LeanDecoder
 
     draft = load_model(DEFAULT_DRAFT, dtype="float32")
     assert draft.draft_vocab is not None and len(draft.draft_vocab) == 16384

@@ -10,7 +10,7 @@ import pytest
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS
-from specdec.engine import MAX_NUM_SPECULATIVE_TOKENS
+from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS
 from specdec.errors import ConfigError, InvalidRequestError
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")

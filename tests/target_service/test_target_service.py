@@ -8,7 +8,7 @@ import threading
 import grpc
 import pytest
 
-import specdec.backend
+import specdec.serving.backend
 from specdec.v1 import common_pb2, target_service_pb2, target_service_pb2_grpc
 from target_service.server import SERVICE_NAME
 from tests.services_conftest_helpers import (
@@ -360,8 +360,8 @@ def test_async_load_is_not_serving_and_unavailable_until_loaded(servers, target_
     """BUG: before the model is loaded, GetInfo/Verify answer INTERNAL ("internal error: Exception")
     instead of UNAVAILABLE: require_ready's context.abort() raises inside map_errors, which re-aborts."""
     gate = threading.Event()
-    real_load = specdec.backend.load_model
-    monkeypatch.setattr(specdec.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
+    real_load = specdec.serving.backend.load_model
+    monkeypatch.setattr(specdec.serving.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
     handle = servers.target(target_dir, load_async=True)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as ch:
@@ -411,8 +411,8 @@ def test_stopping_a_service_while_its_model_loads_leaves_no_worker_threads(serve
     completes it starts the batcher thread of a stopped service (never closed) and flips its health
     to SERVING."""
     gate = threading.Event()
-    real_load = specdec.backend.load_model
-    monkeypatch.setattr(specdec.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
+    real_load = specdec.serving.backend.load_model
+    monkeypatch.setattr(specdec.serving.backend, "load_model", lambda *a, **kw: gate.wait(30) and real_load(*a, **kw))
 
     def batchers():
         return sum(t.name == "target-batcher" and t.is_alive() for t in threading.enumerate())

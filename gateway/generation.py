@@ -11,7 +11,7 @@ from gateway.clients import RemoteDraft, RemoteTarget
 from gateway.config import GatewayConfig
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
-from specdec.engine import check_num_speculative_tokens
+from specdec.proposal import check_num_speculative_tokens
 from specdec.errors import ConfigError, InvalidRequestError
 from specdec.models import load_tokenizer
 from specdec.sampling import SamplingParams

@@ -1,4 +1,4 @@
-"""specdec.settings: typed service configs from flags and SPECDEC_<SERVICE>_<FIELD> env vars."""
+"""specdec.serving.settings: typed service configs from flags and SPECDEC_<SERVICE>_<FIELD> env vars."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from draft_service.config import ENV_PREFIX as DRAFT_PREFIX, DraftServiceConfig
 from gateway.config import ENV_PREFIX as GATEWAY_PREFIX, GatewayConfig
-from specdec import settings
-from specdec.serve import ENV_PREFIX as SERVE_PREFIX, ServeConfig
+from specdec.serving import settings
+from specdec.entrypoints.serve import ENV_PREFIX as SERVE_PREFIX, ServeConfig
 from target_service.config import ENV_PREFIX as TARGET_PREFIX, TargetServiceConfig
 
 CONFIGS = [(DraftServiceConfig, DRAFT_PREFIX), (TargetServiceConfig, TARGET_PREFIX), (GatewayConfig, GATEWAY_PREFIX),
@@ -140,7 +140,7 @@ def test_from_env_with_overrides(monkeypatch):
 
 
 def test_cli_subcommands_parse_into_their_configs(monkeypatch):
-    from specdec.cli import build_parser
+    from specdec.entrypoints.cli import build_parser
 
     monkeypatch.setenv("SPECDEC_TARGET_MAX_BATCH_SIZE", "5")
     parser = build_parser()

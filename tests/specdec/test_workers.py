@@ -14,18 +14,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-import specdec.engine as engine
+import specdec.workers as workers
 from specdec import LLM, SamplingParams
-from specdec.engine import (
-    MAX_NUM_SPECULATIVE_TOKENS,
-    DraftWorker,
-    ModelRunner,
-    Proposal,
-    ProposeCall,
-    TargetWorker,
-    VerifyCall,
-    check_num_speculative_tokens,
-)
+from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, check_num_speculative_tokens
+from specdec.runner import ModelRunner
+from specdec.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
 from specdec.models import load_model
 from specdec.sampling import process_logits
@@ -213,7 +206,7 @@ def test_negative_control_lossy_verifier_is_detected(
     monkeypatch, target_dir, bad_draft_dir, target_model, tokenizer, spec, chi2_pvalue
 ):
     """The same statistical check rejects a verifier that accepts every draft."""
-    monkeypatch.setattr(engine, "rejection_sample", accept_always)
+    monkeypatch.setattr(workers, "rejection_sample", accept_always)
     params = SamplingParams(temperature=1.0, seed=11)
     llm = LLM(str(target_dir), speculative_config=spec(bad_draft_dir, 2, draft_sample_method="probabilistic"), dtype="float32")
     samples, stats = _sample_first_two(llm, SAMPLING_PROMPT, params, 100)

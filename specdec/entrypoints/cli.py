@@ -9,11 +9,11 @@ import sys
 
 # name -> (module, help). The module provides add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("specdec.serve", "serve draft, target and gateway on this machine (like vllm serve)"),
+    "serve": ("specdec.entrypoints.serve", "serve draft, target and gateway on this machine (like vllm serve)"),
     "draft-service": ("draft_service.__main__", "run the draft service alone"),
     "target-service": ("target_service.__main__", "run the target service alone"),
     "gateway": ("gateway.__main__", "run the gateway alone, against running draft and target services"),
-    "generate": ("specdec.cli_generate", "generate offline with the LLM API (prints text and speculation stats)"),
+    "generate": ("specdec.entrypoints.generate", "generate offline with the LLM API (prints text and speculation stats)"),
     "distill": ("specdec.distill", "train a small draft for a target by knowledge distillation"),
 }
 

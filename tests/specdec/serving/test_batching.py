@@ -1,4 +1,4 @@
-"""specdec.batching.ContinuousBatcher: grouping of concurrent submissions, per-item results/errors."""
+"""specdec.serving.batching.ContinuousBatcher: grouping of concurrent submissions, per-item results/errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from concurrent import futures
 
 import pytest
 
-from specdec.batching import ContinuousBatcher
+from specdec.serving.batching import ContinuousBatcher
 
 
 class Recorder:
@@ -219,7 +219,7 @@ class Blocker:
 
 @pytest.fixture
 def compute():
-    from specdec.batching import ComputeThread
+    from specdec.serving.batching import ComputeThread
 
     c = ComputeThread("test-compute")
     yield c

@@ -96,8 +96,10 @@ def from_env(cls: type[C], env_prefix: str, **overrides: Any) -> C:
     return from_args(cls, args)
 
 
-def service_cli(config_cls: type, env_prefix: str, create_server_path: str, name: str):
-    """(add_arguments, run, main) for a service's ``__main__``: flags/env → config → serve until SIGTERM."""
+def service_cli(config_cls: type, env_prefix: str, create_server_path: str, name: str, **create_options: Any):
+    """(add_arguments, run, main) for a service's ``__main__``: flags/env → config → serve until SIGTERM.
+
+    ``create_server_path`` ("module:function") is imported only when the command runs."""
     import importlib
     import logging
     import sys
@@ -106,12 +108,12 @@ def service_cli(config_cls: type, env_prefix: str, create_server_path: str, name
         add_arguments(p, config_cls, env_prefix)
 
     def run(args: argparse.Namespace) -> int:
-        from specdec.grpc_utils import serve_until_signal
+        from specdec.serving.server import serve_until_signal
 
         module, func = create_server_path.split(":")
         create_server = getattr(importlib.import_module(module), func)
         config = from_args(config_cls, args)
-        handle = create_server(config)
+        handle = create_server(config, **create_options)
         logging.getLogger(name).info("%s listening on %s:%d", name, config.host, handle.port)
         serve_until_signal(handle)
         return 0

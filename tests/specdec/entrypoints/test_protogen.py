@@ -1,11 +1,11 @@
-"""The committed gRPC code matches protos/ (regenerate with `python -m specdec.protogen`)."""
+"""The committed gRPC code matches protos/ (regenerate with `python -m specdec.entrypoints.protogen`)."""
 
-from specdec import protogen
+from specdec.entrypoints import protogen
 from specdec.v1 import common_pb2, draft_service_pb2, generation_service_pb2, target_service_pb2
 
 
 def test_generated_code_is_not_stale():
-    assert protogen.stale_files() == [], "run `python -m specdec.protogen` and commit the result"
+    assert protogen.stale_files() == [], "run `python -m specdec.entrypoints.protogen` and commit the result"
 
 
 def test_proto_conventions():

@@ -1,4 +1,4 @@
-"""``python -m specdec.healthcheck HOST:PORT [SERVICE]``: exit 0 when grpc.health.v1 says SERVING.
+"""``python -m specdec.entrypoints.healthcheck HOST:PORT [SERVICE]``: exit 0 when grpc.health.v1 says SERVING.
 
 Used by docker-compose and Kubernetes exec probes (no grpc_health_probe binary needed).
 """
@@ -26,7 +26,7 @@ def check(address: str, service: str = "", timeout: float = 3.0) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        print("usage: python -m specdec.healthcheck HOST:PORT [SERVICE]", file=sys.stderr)
+        print("usage: python -m specdec.entrypoints.healthcheck HOST:PORT [SERVICE]", file=sys.stderr)
         return 2
     return 0 if check(argv[0], argv[1] if len(argv) > 1 else "") else 1
 

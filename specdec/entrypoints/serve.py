@@ -12,7 +12,7 @@ import logging
 import warnings
 from dataclasses import dataclass, field
 
-from specdec import settings
+from specdec.serving import settings
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, default_speculative_config
 from specdec.errors import ConfigError
 
@@ -87,20 +87,19 @@ def start_stack(cfg: ServeConfig) -> Stack:
     from target_service.config import TargetServiceConfig
     from target_service.server import create_server as create_target
 
-    from specdec.backend import cpu_threads
-    from specdec.batching import ComputeThread
+    from specdec.serving.backend import cpu_threads
+    from specdec.runner import set_num_threads
+    from specdec.serving.batching import ComputeThread
 
     spec = resolve_speculative_config(cfg)
     target_model = cfg.model or DEFAULT_TARGET
     max_len = min(x for x in (cfg.max_model_len, spec.max_model_len if spec else None, 10**9) if x)
     max_len = None if max_len == 10**9 else max_len
     common = dict(max_model_len=max_len, max_sequences=cfg.max_sequences, max_batch_size=cfg.max_batch_size)
-    # Both models run their batches on ONE thread, taking turns (see specdec.batching: two
+    # Both models run their batches on ONE thread, taking turns (see specdec.serving.batching: two
     # multi-threaded OpenMP pools in one process slow both).
-    import torch
-
     threads = cpu_threads(cfg.num_threads)
-    compute = ComputeThread("specdec-compute", thread_init=lambda: torch.set_num_threads(threads))
+    compute = ComputeThread("specdec-compute", thread_init=lambda: set_num_threads(threads))
     try:
         target = create_target(TargetServiceConfig(model=target_model, dtype=cfg.dtype, host="127.0.0.1", port=0,
                                                    num_threads=threads, **common), compute=compute)
@@ -144,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from specdec.grpc_utils import serve_until_signal
+    from specdec.serving.server import serve_until_signal
 
     cfg = settings.from_args(ServeConfig, args)
     cfg.model = args.target or settings.from_env(ServeConfig, ENV_PREFIX).model

@@ -9,7 +9,7 @@ scaled-dot-product-attention call per layer and no masks for one-token steps.
 It reads the model's own parameters (fused copies of the projection weights are made once), speaks the
 same call as the transformers model (``input_ids``, ``position_ids``, a ``Cache`` whose layers have
 ``update``, an optional additive ``attention_mask``, ``logits_to_keep``), and returns an object with
-``.logits``, so :class:`specdec.engine.ModelRunner` uses it in place of the model. Anything it does not
+``.logits``, so :class:`specdec.runner.ModelRunner` uses it in place of the model. Anything it does not
 support (another architecture, sliding windows, MLP biases, tensor-parallel splits) makes
 :func:`lean_decoder` return ``None`` with the reason, and the runner keeps the transformers forward.
 

@@ -11,7 +11,7 @@ import pytest
 
 from specdec.config import SpeculativeConfig, default_speculative_config
 from specdec.errors import ConfigError
-from specdec.serve import ServeConfig, resolve_speculative_config, start_stack
+from specdec.entrypoints.serve import ServeConfig, resolve_speculative_config, start_stack
 from specdec.v1 import common_pb2, generation_service_pb2_grpc
 from tests.services_conftest_helpers import (
     PROMPTS,
@@ -105,7 +105,7 @@ def test_start_stack_serves_a_stream_end_to_end(target_dir, good_draft_dir, spec
     stack = start_stack(_serve_config(target_dir, good_draft_dir, spec, k=3, max_model_len=128))
     try:
         assert stack.draft is not None and stack.gateway.port not in (stack.target.port, stack.draft.port)
-        # one process, one compute thread: the two models take turns on it (see specdec.batching)
+        # one process, one compute thread: the two models take turns on it (see specdec.serving.batching)
         assert stack.draft.backend.batcher.compute is stack.target.backend.batcher.compute
         assert "specdec-compute" in _service_threads()
         with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:

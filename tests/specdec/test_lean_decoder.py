@@ -1,4 +1,4 @@
-"""specdec.lean: the lean Llama-family forward (drafts' default) and draft vocabularies."""
+"""specdec.lean_decoder: the lean Llama-family forward (drafts' default) and draft vocabularies."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from specdec.engine import DraftWorker, ModelRunner, ProposeCall
-from specdec.lean import LeanDecoder, lean_decoder, unsupported_reason
+from specdec.runner import ModelRunner
+from specdec.workers import DraftWorker, ProposeCall
+from specdec.lean_decoder import LeanDecoder, lean_decoder, unsupported_reason
 from specdec.llm import LLM
 from specdec.models import DRAFT_VOCAB_FILE, LoadedModel, load_draft_vocab, load_model
 from specdec.sampling import SamplingParams

@@ -11,23 +11,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import torch
-
-from specdec.batching import ComputeThread, ContinuousBatcher
-from specdec.engine import (
-    MAX_NUM_SPECULATIVE_TOKENS,
-    DraftWorker,
-    ModelRunner,
-    Proposal,
-    ProposeCall,
-    TargetWorker,
-    VerifyCall,
-    VerifyResult,
-)
 from specdec.errors import InvalidRequestError, SequenceNotFoundError
-from specdec.llm import model_max_len
-from specdec.models import LoadedModel, dtype_name, load_model
+from specdec.models import LoadedModel, dtype_name, load_model, model_max_len
+from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
+from specdec.runner import ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
+from specdec.serving.batching import ComputeThread, ContinuousBatcher
+from specdec.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +60,7 @@ class Backend:
         self.draft_top_n = draft_top_n
         self.target_tokenizer = target_tokenizer
         self.tli_proposals = tli_proposals
-        self.compute = compute  # shared with another backend in this process (see specdec.batching)
+        self.compute = compute  # shared with another backend in this process (see specdec.serving.batching)
         self.tli = None
         self.lm: LoadedModel | None = None
         self.ready = threading.Event()
@@ -94,14 +84,14 @@ class Backend:
         else:
             self.worker = TargetWorker(self.runner)
             run = self.worker.verify_batch
-        # Every forward pass runs on the batcher's compute thread (see specdec.batching for why one
+        # Every forward pass runs on the batcher's compute thread (see specdec.serving.batching for why one
         # process should run its models on one thread); an own thread gets num_threads cores.
         threads = cpu_threads(cfg.num_threads)
         self.batcher = ContinuousBatcher(run, cfg.max_batch_size, name=f"{self.role}-batcher",
                                          on_batch=self._record_batch, compute=self.compute,
                                          expected=self._active_sequences, max_wait_s=cfg.batch_wait_ms / 1000,
                                          defer_to_others=self.role == "draft",
-                                         thread_init=lambda: torch.set_num_threads(threads))
+                                         thread_init=lambda: set_num_threads(threads))
         self._warmup()
         threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
         self.ready.set()
@@ -188,19 +178,12 @@ class Backend:
             raise InvalidRequestError("the sequence is empty: send at least one token", param="new_token_ids")
         return tokens
 
-    def check_k(self, k: int) -> None:
-        if k > MAX_NUM_SPECULATIVE_TOKENS:
-            raise InvalidRequestError(
-                f"num_speculative_tokens={k} is above this service's maximum {MAX_NUM_SPECULATIVE_TOKENS}",
-                param="num_speculative_tokens",
-            )
-
     def propose(self, call: ProposeCall, timeout: float | None = None) -> Proposal:
-        self.check_k(call.num_speculative_tokens)
+        check_num_speculative_tokens(call.num_speculative_tokens, minimum=0)
         return self.batcher(call, timeout)
 
     def verify(self, call: VerifyCall, timeout: float | None = None) -> VerifyResult:
-        self.check_k(len(call.proposal.draft_token_ids))
+        check_num_speculative_tokens(len(call.proposal.draft_token_ids), minimum=0)
         return self.batcher(call, timeout)
 
     def release(self, sequence_id: str) -> bool:

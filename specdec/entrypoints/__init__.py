@@ -1,0 +1,1 @@
+"""Entry points: the ``specdec`` CLI, ``serve``, ``generate``, the health probe (the only code that knows every service)."""

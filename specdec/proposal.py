@@ -1,0 +1,49 @@
+"""The small wire-neutral types every side shares: what a draft proposes, what a target decides,
+and the one check of k. No torch import here (q, when present, is a tensor someone else made), no
+grpc: the offline workers, the services and the gateway all speak these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
+
+if TYPE_CHECKING:
+    import torch
+
+# The most draft tokens a round may propose (services report it in GetInfo).
+MAX_NUM_SPECULATIVE_TOKENS = 16
+
+
+@dataclass
+class Proposal:
+    draft_token_ids: list[int]
+    draft_probs: "torch.Tensor | None" = None  # [k, vocab] q; None: one-hot (greedy drafting)
+
+    def truncated(self, n: int) -> "Proposal":
+        """The first ``n`` draft tokens (and their q rows)."""
+        if len(self.draft_token_ids) <= n:
+            return self
+        return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n])
+
+
+@dataclass
+class VerifyResult:
+    num_accepted_tokens: int
+    next_token_id: int  # bonus token when all drafts were accepted, else the recovered token
+
+    def emitted(self, draft_token_ids: list[int]) -> list[int]:
+        return draft_token_ids[: self.num_accepted_tokens] + [self.next_token_id]
+
+
+def check_num_speculative_tokens(k: object, error: type[SpecDecError] = InvalidRequestError,
+                                 minimum: int = 1) -> None:
+    """k must be an integer in [minimum, MAX_NUM_SPECULATIVE_TOKENS]. ``error``: InvalidRequestError
+    for a request's k, ConfigError for a configuration's."""
+    if not isinstance(k, int) or isinstance(k, bool) or not minimum <= k <= MAX_NUM_SPECULATIVE_TOKENS:
+        param = "num_speculative_tokens" if error is InvalidRequestError else None
+        raise error(f"num_speculative_tokens={k!r} is not allowed: it must be an integer in "
+                    f"[{minimum}, {MAX_NUM_SPECULATIVE_TOKENS}]", param=param)
+
+

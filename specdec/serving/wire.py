@@ -1,0 +1,44 @@
+"""Protobuf ↔ the library's types (no grpc, no torch here): sampling parameters, q rows, model info."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from specdec import sparse_probs
+from specdec.errors import InvalidRequestError
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2
+
+
+def sampling_from_proto(msg: common_pb2.SamplingParams, **extra) -> SamplingParams:
+    seed = msg.seed if msg.HasField("seed") else None
+    if seed is not None and seed >= 2**63:
+        raise InvalidRequestError("seed must be below 2**63", param="seed")
+    return SamplingParams(
+        temperature=float(msg.temperature),
+        top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
+        top_k=int(msg.top_k),
+        seed=seed,
+        **extra,
+    )
+
+
+def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+def probs_to_proto(probs) -> list[common_pb2.TokenDistribution]:
+    """[k, vocab] q → one TokenDistribution per row, sparse when that is smaller."""
+    return [common_pb2.TokenDistribution(token_ids=ids, probs=values) for ids, values in sparse_probs.to_rows(probs)]
+
+
+def probs_from_proto(rows: Iterable[common_pb2.TokenDistribution], k: int, vocab_size: int):
+    """The rows back to a [k, vocab_size] tensor (None: no rows, one-hot drafts)."""
+    return sparse_probs.from_rows(((row.token_ids, row.probs) for row in rows), k, vocab_size)
+
+
+def model_info_to_proto(info: dict) -> common_pb2.ModelInfo:
+    return common_pb2.ModelInfo(**info)

@@ -1,0 +1,240 @@
+"""The draft worker (proposes k tokens) and the target worker (verifies them in one pass), pure torch.
+
+Both run batches of calls over a ``ModelRunner``; the gRPC services wrap exactly these classes and
+the offline ``LLM`` calls them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from specdec.errors import InvalidRequestError, SpecDecError
+from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
+from specdec.rejection import greedy_accept, rejection_sample
+from specdec.runner import ModelRunner, _Sequence
+from specdec.sampling import SamplingParams, process_logits, sample
+
+
+@dataclass
+class ProposeCall:
+    sequence_id: str
+    token_ids: list[int]  # the sequence's full committed history
+    num_speculative_tokens: int
+    params: SamplingParams
+    draft_sample_method: str | None = None  # None: the worker's default
+
+
+@dataclass
+class VerifyCall:
+    sequence_id: str
+    token_ids: list[int]  # the sequence's full committed history
+    proposal: Proposal
+    params: SamplingParams
+
+
+def _per_call(calls, prepare):
+    """Run ``prepare`` per call; collect (index, prepared) or the call's own domain error."""
+    results: list = [None] * len(calls)
+    prepared = []
+    seen: set[str] = set()
+    for i, call in enumerate(calls):
+        try:
+            if call.sequence_id in seen:
+                raise InvalidRequestError(f"sequence {call.sequence_id!r} appears twice in one batch", param="sequence_id")
+            seen.add(call.sequence_id)
+            prepared.append((i, *prepare(call)))
+        except SpecDecError as exc:
+            results[i] = exc
+    return results, prepared
+
+
+class DraftWorker:
+    """Proposes k tokens per sequence by k autoregressive steps of the draft model, batched across
+    sequences (each step is one forward pass over every sequence still drafting)."""
+
+    def __init__(self, runner: ModelRunner, draft_sample_method: str = "greedy", top_n: int | None = None,
+                 tli: Any = None):
+        check_draft_sample_method(draft_sample_method)
+        self.runner = runner
+        self.draft_sample_method = draft_sample_method
+        # Token-Level Intersection (specdec.tli.TLIAdapter) when the draft's vocabulary differs:
+        # it reads re-tokenized text, drafts intersection tokens only, and proposes target ids.
+        self.tli = tli
+        # Probabilistic drafting samples from the renormalised top-N of q, so q travels sparsely;
+        # still lossless: the target's rejection step only needs the q that was sampled from.
+        self.top_n = top_n
+
+    def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
+        (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | SpecDecError]:
+        runner = self.runner
+        with runner.lock:
+
+            def prepare(call: ProposeCall):
+                method = call.draft_sample_method or self.draft_sample_method
+                check_draft_sample_method(method)
+                seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                history = self.tli.draft_history(seq.vocab_state, call.token_ids) if self.tli else call.token_ids
+                k = call.num_speculative_tokens
+                if self.tli is not None:
+                    # The re-tokenized text may be empty (a prompt of special tokens only) or reach past
+                    # the draft's own context: draft fewer tokens, or none (the target decodes alone).
+                    room = runner.max_model_len - len(history) + 1 if history else 0
+                    if room < k:
+                        call = replace(call, num_speculative_tokens=max(room, 0))
+                    if call.num_speculative_tokens == 0:
+                        return call, seq, [], False
+                elif len(history) + k - 1 > runner.max_model_len:  # k steps feed history + k - 1 tokens
+                    raise InvalidRequestError(
+                        f"{len(history)} tokens + {k} draft tokens exceed max_model_len={runner.max_model_len}",
+                        param="max_model_len")
+                new = runner.sync(seq, history)
+                runner.check_append(seq, new)
+                return call, seq, new, method == "probabilistic" and not call.params.greedy
+
+            results, rows = _per_call(calls, prepare)
+            for r in rows:
+                if r[1].num_speculative_tokens == 0:  # nothing to draft (k=0, or no room left)
+                    results[r[0]] = Proposal([])
+            rows = [r for r in rows if r[1].num_speculative_tokens > 0]
+            if not rows:
+                return results
+            logits = runner.forward_batch([r[2] for r in rows], [r[3] for r in rows], [1] * len(rows))
+            tli = self.tli
+            drafts: list[list[int]] = [[] for _ in rows]  # draft-model ids (fed back to the draft)
+            qs: list[list[torch.Tensor]] = [[] for _ in rows]
+            active = list(range(len(rows)))
+            while active:
+                for j, row_logits in zip(active, logits):
+                    _, call, seq, _, probabilistic = rows[j]
+                    last = row_logits[-1]  # [vocab]
+                    if tli is not None and not tli.text_proposals(not probabilistic):
+                        last = tli.restrict(last)
+                    if probabilistic:
+                        q = truncate_top_n(process_logits(last, call.params), self.top_n)  # [vocab]
+                        drafts[j].append(int(sample(q, seq.generator)))
+                        qs[j].append(q if tli is None else tli.q_to_target(q))
+                    else:
+                        drafts[j].append(int(last.argmax()))
+                active = [j for j in active if len(drafts[j]) < rows[j][1].num_speculative_tokens]
+                if active:  # the last draft token is not fed: the next round's sync feeds it if kept
+                    logits = runner.forward_batch([rows[j][2] for j in active], [[drafts[j][-1]] for j in active],
+                                                  [1] * len(active))
+            for j, (i, call, _seq, _new, probabilistic) in enumerate(rows):
+                if tli is None:
+                    proposed = drafts[j]
+                elif tli.text_proposals(not probabilistic):
+                    # k draft tokens' text: as many target tokens as it makes (bounded)
+                    proposed = tli.text_to_target(drafts[j], min(2 * call.num_speculative_tokens,
+                                                                 MAX_NUM_SPECULATIVE_TOKENS))
+                else:
+                    proposed = [tli.to_target(t) for t in drafts[j]]
+                results[i] = Proposal(proposed, torch.stack(qs[j]) if qs[j] else None)
+        return results
+
+    def release(self, sequence_id: str) -> None:
+        with self.runner.lock:
+            self.runner.release(sequence_id)
+
+
+class TargetWorker:
+    """Scores each sequence's drafts and bonus position in ONE forward pass (one pass for the whole
+    batch of sequences), accepts, and rolls the rejected tail back by moving the cache pointer."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+
+    def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
+        (result,) = self.verify_batch([VerifyCall(sequence_id, token_ids, proposal, params)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def verify_batch(self, calls: list[VerifyCall]) -> list[VerifyResult | SpecDecError]:
+        runner = self.runner
+        with runner.lock:
+
+            def prepare(call: VerifyCall):
+                check_proposal(call.proposal, runner.logits_vocab_size)
+                seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                new = runner.sync(seq, call.token_ids) + call.proposal.draft_token_ids
+                runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
+                return call, seq, new
+
+            results, rows = _per_call(calls, prepare)
+            if rows:
+                all_logits = runner.forward_batch(
+                    [r[2] for r in rows], [r[3] for r in rows], [len(r[1].proposal.draft_token_ids) + 1 for r in rows]
+                )
+                for (i, call, seq, _), logits in zip(rows, all_logits):
+                    try:
+                        results[i] = self._accept(call, seq, logits)
+                    except SpecDecError as exc:  # one row's error stays with that row
+                        results[i] = exc
+        return results
+
+    def _accept(self, call: VerifyCall, seq: _Sequence, logits: torch.Tensor) -> VerifyResult:
+        """logits: [k + 1, vocab] — the target after each draft prefix."""
+        draft = torch.tensor(call.proposal.draft_token_ids, dtype=torch.long, device=logits.device)
+        if call.params.greedy:
+            n, next_token = greedy_accept(draft, logits.argmax(-1))
+        else:
+            target_probs = process_logits(logits, call.params)  # [k + 1, vocab]
+            n, next_token = rejection_sample(draft, call.proposal.draft_probs, target_probs, seq.generator)
+        # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
+        keep = len(call.token_ids) + n
+        seq.cache.truncate(keep)
+        del seq.tokens[keep:]
+        return VerifyResult(n, next_token)
+
+    def release(self, sequence_id: str) -> None:
+        with self.runner.lock:
+            self.runner.release(sequence_id)
+
+
+def truncate_top_n(probs: torch.Tensor, top_n: int | None) -> torch.Tensor:
+    """Keep the top_n most likely tokens of ``probs`` [vocab], renormalised (None/0: unchanged)."""
+    if not top_n or top_n >= probs.shape[-1]:
+        return probs
+    values, idx = torch.topk(probs, top_n)
+    out = torch.zeros_like(probs)
+    out[idx] = values / values.sum()
+    return out
+
+
+def check_draft_sample_method(method: str) -> None:
+    if method not in ("greedy", "probabilistic"):
+        raise InvalidRequestError(
+            f"draft_sample_method must be 'greedy' or 'probabilistic', got {method!r}", param="draft_sample_method"
+        )
+
+
+def check_proposal(proposal: Proposal, vocab_size: int) -> None:
+    k = len(proposal.draft_token_ids)
+    if k > MAX_NUM_SPECULATIVE_TOKENS:
+        raise InvalidRequestError(
+            f"{k} draft tokens; at most {MAX_NUM_SPECULATIVE_TOKENS} (num_speculative_tokens) per call",
+            param="draft_token_ids",
+        )
+    bad = [t for t in proposal.draft_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"draft token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
+                                  param="draft_token_ids")
+    q = proposal.draft_probs
+    if q is not None:
+        if tuple(q.shape) != (k, vocab_size):
+            raise InvalidRequestError(f"draft_probs has shape {tuple(q.shape)}, expected ({k}, {vocab_size})",
+                                      param="draft_probs")
+        if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+            raise InvalidRequestError("draft_probs must be finite and non-negative", param="draft_probs")
+        drafted = q[torch.arange(k), torch.tensor(proposal.draft_token_ids, dtype=torch.long)]
+        if bool((drafted <= 0).any()):
+            raise InvalidRequestError("draft_probs gives probability 0 to a drafted token: q must be the "
+                                      "distribution each draft token was sampled from", param="draft_probs")
