@@ -31,6 +31,7 @@ from gateway.generation import Gateway, deadline_from_timeout
 from specdec.errors import AuthenticationError, InvalidRequestError, ModelNotFoundError, SpecDecError, openai_error_body
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
+from specdec.seeding import output_seed
 
 logger = logging.getLogger(__name__)
 _TYPE_NAME = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
@@ -254,7 +255,7 @@ def _chat_prompt(gateway: Gateway, messages: list[ChatMessage]) -> list[int]:
 
 def _new_seq(gateway: Gateway, ids: list[int], params: SamplingParams, index: int) -> SequenceState:
     if params.seed is not None and index:
-        params = params.clone(seed=params.seed + index)  # n > 1: distinct, reproducible samples
+        params = params.clone(seed=output_seed(params.seed, index))  # n > 1: distinct, reproducible samples
     return gateway.new_sequence(ids, params)
 
 

@@ -16,6 +16,7 @@ from specdec.errors import ConfigError, InvalidRequestError
 from specdec.models import LoadedModel, load_model, model_max_len
 from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
+from specdec.seeding import output_seed
 
 
 
@@ -159,7 +160,7 @@ class LLM:
         if params.seed is None:
             params = params.clone(seed=self._rng.getrandbits(63))
         elif index:
-            params = params.clone(seed=params.seed + index)  # n > 1: distinct, reproducible samples
+            params = params.clone(seed=output_seed(params.seed, index))  # n > 1: distinct, reproducible samples
         return SequenceState(
             prompt_token_ids=prompt_token_ids,
             params=params,

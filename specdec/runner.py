@@ -7,7 +7,6 @@ sequence just recomputes it. ``specdec.workers`` builds the draft and target wor
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import threading
 import time
@@ -21,6 +20,7 @@ from specdec.kv_cache import BatchKVView, SequenceKVCache
 from specdec.lean_decoder import lean_decoder
 from specdec.models import LoadedModel, SkinnyLinear
 from specdec.sampling import make_generator
+from specdec.seeding import round_seed, stream_key
 
 
 @dataclass
@@ -30,12 +30,13 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)  # the tokens whose KV is in `cache`
     last_used: float = field(default_factory=time.monotonic)
     vocab_state: dict = field(default_factory=dict)  # a TLI draft's re-tokenized context
+    stream_key: int | None = None  # seeded: the generator is re-seeded per round (specdec.seeding)
 
-
-def _derive_seed(seed: int | None, role: str) -> int | None:
-    if seed is None:
-        return None
-    return int.from_bytes(hashlib.sha256(f"{seed}:{role}".encode()).digest()[:8], "little") & (2**63 - 1)
+    def begin_round(self, position: int) -> None:
+        """Make this round's random draws a function of (seed, role, position) for seeded sequences:
+        a sequence rebuilt from its history then draws what the original would have drawn."""
+        if self.stream_key is not None:
+            self.generator.manual_seed(round_seed(self.stream_key, position))
 
 
 class ModelRunner:
@@ -95,9 +96,11 @@ class ModelRunner:
                     f"{self.role}: {len(self.sequences)} sequences cached, the cap is {self.max_sequences}; "
                     "release finished sequences or raise max_sequences"
                 )
+            key = stream_key(seed, self.role)
             seq = _Sequence(
                 cache=SequenceKVCache(self.num_layers, self.max_model_len),
-                generator=make_generator(_derive_seed(seed, self.role), self.lm.device),
+                generator=make_generator(key, self.lm.device),
+                stream_key=key,
             )
             self.sequences[sequence_id] = seq
         seq.last_used = time.monotonic()

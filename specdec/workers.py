@@ -81,6 +81,7 @@ class DraftWorker:
                 method = call.draft_sample_method or self.draft_sample_method
                 check_draft_sample_method(method)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                seq.begin_round(len(call.token_ids))
                 history = self.tli.draft_history(seq.vocab_state, call.token_ids) if self.tli else call.token_ids
                 k = call.num_speculative_tokens
                 if self.tli is not None:
@@ -164,6 +165,7 @@ class TargetWorker:
             def prepare(call: VerifyCall):
                 check_proposal(call.proposal, runner.logits_vocab_size)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                seq.begin_round(len(call.token_ids))
                 new = runner.sync(seq, call.token_ids) + call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
                 return call, seq, new

@@ -72,12 +72,15 @@ class Pair:
         draft_w, target_w = self.llm._draft_worker, self.llm._target_worker
         draft_w.tli.proposals = "intersection" if method == "greedy-intersection" else "text"
         method = "greedy" if method == "greedy-intersection" else method
-        sids = [f"{method}-{seed}-{i}" for i in range(SEQS)]
-        params = [PARAMS.clone(seed=seed + i) for i in range(SEQS)]
         counts: collections.Counter = collections.Counter()
         first_accepted = accepted = drafted = 0
+        sids: list[str] = []
         try:
-            for _ in range(rounds):
+            for r in range(rounds):
+                # Each sample is a new seeded sequence: a seeded sequence's draws are a function of
+                # (seed, position), so re-running one at the same position would repeat its sample.
+                sids = [f"{method}-{seed}-{r}-{i}" for i in range(SEQS)]
+                params = [PARAMS.clone(seed=seed + r * SEQS + i) for i in range(SEQS)]
                 proposals = draft_w.propose_batch(
                     [ProposeCall(s, self.prompt_ids, k, p, draft_sample_method=method) for s, p in zip(sids, params)])
                 results = target_w.verify_batch(
@@ -90,6 +93,9 @@ class Pair:
                     first_accepted += res.num_accepted_tokens >= 1
                     accepted += res.num_accepted_tokens
                     drafted += n_drafted
+                for s in sids:
+                    draft_w.release(s)
+                    target_w.release(s)
         finally:
             draft_w.tli.proposals = "text"
             for s in sids:

@@ -1,0 +1,103 @@
+"""A seeded sampled request gives the same output whether or not a service restarts (SIGKILL, then a
+new process on the same port) or evicts the sequence in the middle of the stream.
+
+The services are separate processes; the gateway runs in the test's process so a hook can park its
+thread before a given call while the test kills a service (see tests/services_conftest_helpers.Hook).
+Each rebuilt sequence must draw exactly the random numbers the uninterrupted one drew: the draws are
+a function of (seed, role, committed length), never of how long the process has held the sequence.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from specdec.v1 import common_pb2, draft_service_pb2_grpc, generation_service_pb2_grpc, target_service_pb2_grpc
+from tests.service_processes import ServiceProcess
+from tests.services_conftest_helpers import PROMPTS, collect, generate, generate_request, hooked, run_in_thread
+
+MAX_TOKENS = 32
+SEED = 1234
+
+
+@pytest.fixture(scope="module")
+def processes(target_dir, good_draft_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("service-logs")
+    target = ServiceProcess("target_service", ["--model", str(target_dir)], logs).start()
+    draft = ServiceProcess("draft_service", ["--model", str(good_draft_dir)], logs).start()
+    yield target, draft
+    for proc in (target, draft):
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def gateway(processes, servers):
+    from gateway.server import create_server
+    from gateway.config import GatewayConfig
+
+    target, draft = processes
+    handle = servers.add(create_server(GatewayConfig(
+        target_addr=target.address, draft_addr=draft.address, host="127.0.0.1", port=0, num_speculative_tokens=3,
+        draft_sample_method="probabilistic", backend_timeout_seconds=60.0, startup_timeout_seconds=60.0)))
+    channel = grpc.insecure_channel(f"127.0.0.1:{handle.port}")
+    yield handle.backend, generation_service_pb2_grpc.GenerationServiceStub(channel)
+    channel.close()
+
+
+def _request(prompt: str, seed: int = SEED):
+    return generate_request(prompt, max_tokens=MAX_TOKENS, temperature=1.0, seed=seed)
+
+
+def _interrupted(gateway, stub, prompt: str, at_verify: int, interrupt) -> tuple[list[int], int]:
+    """Run the request; before its ``at_verify``-th Verify call, run ``interrupt(sequence_id)``."""
+    gw, stub = gateway, stub
+    with hooked(gw.target, "verify") as hook:
+        hook.pause_at(at_verify)
+        thread, box = run_in_thread(lambda: collect(stub.Generate(_request(prompt), timeout=180)))
+        hook.wait_paused(60)
+        (sequence_id,) = list(gw.target._held)
+        interrupt(sequence_id)
+        hook.resume()
+        thread.join(180)
+    assert not thread.is_alive() and "error" not in box, box.get("error")
+    out = box["result"]
+    return out.token_ids, hook.calls
+
+
+def test_seeded_sampled_output_survives_restarts_and_evictions(processes, gateway):
+    target, draft = processes
+    gw, stub = gateway
+    reference = generate(stub, _request(PROMPTS[0])).token_ids
+    assert len(reference) == MAX_TOKENS
+    again = generate(stub, _request(PROMPTS[0])).token_ids
+    assert again == reference, "a seeded request is not reproducible even without interruptions"
+    other_seed = generate(stub, _request(PROMPTS[0], seed=SEED + 1)).token_ids
+    assert other_seed != reference, "the seed does not reach the sampling"
+
+    def restart(proc):
+        def interrupt(_sequence_id):
+            proc.kill()  # SIGKILL: the process and every cache in it are gone
+            proc.start()
+        return interrupt
+
+    def evict(proc, stub_cls):
+        def interrupt(sequence_id):
+            channel = grpc.insecure_channel(proc.address)
+            try:
+                released = stub_cls(channel).ReleaseSequence(
+                    common_pb2.ReleaseSequenceRequest(sequence_id=sequence_id), timeout=10).released
+            finally:
+                channel.close()
+            assert released, "the service did not hold the sequence"
+        return interrupt
+
+    cases = {
+        "draft restarted": restart(draft),
+        "target restarted": restart(target),
+        "draft evicted": evict(draft, draft_service_pb2_grpc.DraftServiceStub),
+        "target evicted": evict(target, target_service_pb2_grpc.TargetServiceStub),
+    }
+    for name, interrupt in cases.items():
+        tokens, verify_calls = _interrupted(gw, stub, PROMPTS[0], 4, interrupt)
+        assert verify_calls > 4, f"{name}: the interruption was not in the middle of the stream"
+        assert tokens == reference, f"{name}: seeded output changed"
