@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
 from specdec.proposal import check_num_speculative_tokens
 from specdec.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_METHODS = ("draft_model",)
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
@@ -112,3 +116,27 @@ def default_speculative_config() -> dict | None:
     if default_draft_path() is None:
         return None
     return {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS}
+
+
+def legacy_speculative_config(speculative_config: Any, speculative_model: str | None,
+                              num_speculative_tokens: int | None, flags: bool = False) -> Any:
+    """``speculative_config``, or one built from the deprecated ``speculative_model`` /
+    ``num_speculative_tokens`` pair (with a DeprecationWarning). ``flags``: name them as command-line
+    flags in the messages (``--speculative-model``) rather than keyword arguments."""
+    if speculative_model is None and num_speculative_tokens is None:
+        return speculative_config
+    model, k, new = (("--speculative-model", "--num-speculative-tokens", "--speculative-config") if flags else
+                     ("speculative_model=", "num_speculative_tokens=", "speculative_config"))
+    example = ("'{\"model\": ..., \"num_speculative_tokens\": ...}'" if flags else
+               "={'method': 'draft_model', 'model': ..., 'num_speculative_tokens': ...}")
+    warnings.warn(f"{model} and {k} are deprecated; use {new}{' ' if flags else ''}{example}", DeprecationWarning,
+                  stacklevel=3)
+    logger.warning("%s / %s are deprecated; use %s", model, k, new)
+    if speculative_config:
+        raise ConfigError(f"give either {new} or the deprecated {model}, not both")
+    if speculative_model is None:
+        raise ConfigError(f"{k} needs {model} (or use {new})")
+    legacy: dict[str, Any] = {"model": speculative_model}
+    if num_speculative_tokens is not None:
+        legacy["num_speculative_tokens"] = num_speculative_tokens
+    return legacy

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible
+from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible, legacy_speculative_config
 from specdec.decoding import decode
 from specdec.runner import ModelRunner
 from specdec.workers import DraftWorker, TargetWorker
@@ -69,21 +68,7 @@ class LLM:
         num_speculative_tokens: int | None = None,
         draft_dtype: str | None = None,
     ):
-        if speculative_model is not None or num_speculative_tokens is not None:
-            warnings.warn(
-                "speculative_model= and num_speculative_tokens= are deprecated; pass "
-                "speculative_config={'method': 'draft_model', 'model': ..., 'num_speculative_tokens': ...}",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            if speculative_config is not None:
-                raise ConfigError("pass either speculative_config or the deprecated speculative_model=, not both")
-            if speculative_model is None:
-                raise ConfigError("num_speculative_tokens= needs speculative_model= (or use speculative_config)")
-            legacy: dict[str, Any] = {"model": speculative_model}
-            if num_speculative_tokens is not None:
-                legacy["num_speculative_tokens"] = num_speculative_tokens
-            speculative_config = legacy
+        speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)
         limit = model_max_len(self.target)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
+from specdec.errors import InvalidRequestError, SpecDecError
 
 if TYPE_CHECKING:
     import torch

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import warnings
 from dataclasses import dataclass, field
 
 from specdec.serving import settings
-from specdec.config import DEFAULT_TARGET, SpeculativeConfig, default_speculative_config
-from specdec.errors import ConfigError
+from specdec.config import DEFAULT_TARGET, SpeculativeConfig, default_speculative_config, legacy_speculative_config
 
 logger = logging.getLogger(__name__)
 ENV_PREFIX = "SPECDEC_SERVE"
@@ -42,21 +40,10 @@ class ServeConfig:
 
 
 def resolve_speculative_config(cfg: ServeConfig) -> SpeculativeConfig | None:
-    if cfg.speculative_model is not None or cfg.num_speculative_tokens is not None:
-        warnings.warn("--speculative-model / --num-speculative-tokens are deprecated; use "
-                      "--speculative-config '{\"model\": ..., \"num_speculative_tokens\": ...}'", DeprecationWarning,
-                      stacklevel=2)
-        logger.warning("--speculative-model / --num-speculative-tokens are deprecated; use --speculative-config")
-        if cfg.speculative_config:
-            raise ConfigError("give either --speculative-config or the deprecated --speculative-model, not both")
-        if cfg.speculative_model is None:
-            raise ConfigError("--num-speculative-tokens needs --speculative-model (or use --speculative-config)")
-        legacy = {"model": cfg.speculative_model}
-        if cfg.num_speculative_tokens is not None:
-            legacy["num_speculative_tokens"] = cfg.num_speculative_tokens
-        return SpeculativeConfig.from_any(legacy)
-    if cfg.speculative_config:
-        return SpeculativeConfig.from_any(cfg.speculative_config)
+    spec = legacy_speculative_config(cfg.speculative_config, cfg.speculative_model, cfg.num_speculative_tokens,
+                                     flags=True)
+    if spec:
+        return SpeculativeConfig.from_any(spec)
     if cfg.model is None:
         default = default_speculative_config()
         if default is None:
