@@ -90,7 +90,7 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
     handle.backend = gateway
     handle.on_stop.append(gateway.close)
     if config.http_port is not None:
-        from gateway.http import HttpServer, create_app
+        from gateway.openai.api_server import HttpServer, create_app
 
         app = create_app(gateway, api_key=config.api_key, served_model_name=config.served_model_name,
                          request_timeout=config.request_timeout_seconds)

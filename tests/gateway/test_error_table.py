@@ -15,7 +15,7 @@ from specdec import errors
 from specdec.errors import DOMAIN_ERRORS, SpecDecError, error_from_code
 from specdec.serving.grpc_errors import ERROR_CLASS_KEY, error_from_rpc, map_errors
 from specdec.serving.server import start_server
-from tests.gateway.http_helpers import httpx
+from tests.gateway.openai.http_helpers import httpx
 
 USER_MISTAKES = (errors.InvalidRequestError, errors.ConfigError, errors.ModelNotFoundError, errors.AuthenticationError)
 
@@ -80,7 +80,7 @@ class _RaisingGateway:
 
 @pytest.fixture(scope="module")
 def http():
-    from gateway.http import HttpServer, create_app
+    from gateway.openai.api_server import HttpServer, create_app
 
     gateway = _RaisingGateway()
     server = HttpServer(create_app(gateway), "127.0.0.1", 0)

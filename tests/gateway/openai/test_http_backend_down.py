@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from tests.gateway.http_helpers import (
+from tests.gateway.openai.http_helpers import (
     KEY,
     PROMPTS,
     assert_error_body,

@@ -13,7 +13,7 @@ import pytest
 
 import specdec
 from specdec import SamplingParams
-from tests.gateway.http_helpers import (
+from tests.gateway.openai.http_helpers import (
     KEY,
     PROMPTS,
     Recorder,
@@ -445,7 +445,7 @@ def test_missing_api_key_is_401(http_stack, model):
 def test_abandoned_non_streamed_request_releases_both_services(http_stack, model, path):
     """A client that gives up on a non-streamed request (its timeout) cancels the generation: it stops
     within a few rounds and both caches are freed."""
-    from tests.gateway.http_helpers import httpx
+    from tests.gateway.openai.http_helpers import httpx
 
     wait_released(http_stack)
     gateway = http_stack.gateway.backend

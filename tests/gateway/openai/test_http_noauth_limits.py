@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.gateway.http_helpers import (
+from tests.gateway.openai.http_helpers import (
     PROMPTS,
     assert_error_body,
     openai_client,

@@ -1,4 +1,4 @@
-"""Helpers for the OpenAI-compatible HTTP API tests (tests/gateway/test_http_*.py).
+"""Helpers for the OpenAI-compatible HTTP API tests (tests/gateway/openai/test_http_*.py).
 
 The stacks are the real ``specdec serve`` servers (target + draft + gateway with HTTP) on loopback,
 started with the tiny random-weight models of ``tests/conftest.py``; the clients are the official

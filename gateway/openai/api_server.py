@@ -1,0 +1,140 @@
+"""The OpenAI-compatible HTTP app (FastAPI), and uvicorn serving it in the gateway's process.
+
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /ready,
+GET /version. With an API key, every /v1/ route wants ``Authorization: Bearer <key>``. Errors use
+OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: domain errors (and unexpected
+exceptions, as internal errors) from the one table in specdec.errors, request validation as a 400
+naming the param, unknown routes and methods as 404 / 405.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import specdec
+from gateway.generation import Gateway
+from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, domain_error_response, error_response
+from gateway.openai.serving_chat import OpenAIServingChat
+from gateway.openai.serving_completion import OpenAIServingCompletion
+from specdec.errors import AuthenticationError, SpecDecError
+
+# the type names pydantic appends to the location of an error in a union field ("stop.str")
+_TYPE_NAME = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
+
+
+def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: str | None = None,
+               request_timeout: float | None = None) -> FastAPI:
+    app = FastAPI(title="specdec", version=specdec.__version__)
+    model_name = served_model_name or gateway.model_name
+    created = int(time.time())
+    completion = OpenAIServingCompletion(gateway, model_name, request_timeout)
+    chat = OpenAIServingChat(gateway, model_name, request_timeout)
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return domain_error_response(
+                    AuthenticationError("invalid or missing API key: send 'Authorization: Bearer <key>'"))
+        return await call_next(request)
+
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        problems = await asyncio.to_thread(gateway.check_backends)
+        if problems:
+            return error_response(503, "; ".join(problems), "service_unavailable", code="backend_unavailable")
+        return {"status": "ready", "target": gateway.target_info.model_name,
+                "draft": gateway.draft_info.model_name if gateway.draft_info else None}
+
+    @app.get("/version")
+    async def version():
+        return {"version": specdec.__version__}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "specdec", "max_model_len": gateway.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await completion.create_completion(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await chat.create_chat_completion(body, request)
+
+    return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's body: validation (400, naming the param), routing (404 / 405), domain
+    errors from the one table, and any other exception as a logged internal error."""
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        # drop "body" and the type names pydantic appends for union fields ("stop.str")
+        loc = [str(x) for x in first.get("loc", []) if x != "body" and not _TYPE_NAME.match(str(x))]
+        param = ".".join(loc) or None
+        return error_response(400, f"invalid parameter {param}: {first.get('msg', 'invalid request')}",
+                              "invalid_request_error", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            return error_response(404, f"no route {request.method} {request.url.path}", "invalid_request_error",
+                                  code="not_found")
+        if exc.status_code == 405:
+            return error_response(405, f"method {request.method} not allowed on {request.url.path}",
+                                  "invalid_request_error")
+        return error_response(exc.status_code, str(exc.detail), "invalid_request_error")
+
+    @app.exception_handler(SpecDecError)
+    async def on_domain_error(_request: Request, exc: SpecDecError):
+        return domain_error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_request: Request, exc: Exception):  # still OpenAI-shaped, and logged
+        return domain_error_response(exc)
+
+    @app.exception_handler(TimeoutError)
+    async def on_timeout(_request: Request, exc: TimeoutError):
+        return domain_error_response(exc)
+
+
+class HttpServer:
+    """uvicorn in a background thread on a socket we bind ourselves (so port 0 works in tests)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int):
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()

@@ -1,0 +1,113 @@
+"""OpenAI's wire shapes: the request bodies (pydantic), the usage object, and the error body.
+
+Request bodies take OpenAI's fields; unknown fields are accepted and ignored, as OpenAI does. A few
+extensions are vLLM's (``top_k``, ``ignore_eos``) or ours (``num_speculative_tokens``: a per-request k).
+Every domain error's status and body come from the one table, ``specdec.errors.openai_error_body``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from specdec.errors import SpecDecError, openai_error_body
+from specdec.sampling import SamplingParams
+from specdec.sequence import SequenceState
+
+logger = logging.getLogger(__name__)
+
+
+# -- request bodies ----------------------------------------------------------------------------------
+
+
+class OpenAIRequest(BaseModel):
+    """The fields /v1/completions and /v1/chat/completions share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1, lt=2**31)  # extension (vLLM's)
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    user: str | None = None
+    ignore_eos: bool = False  # extension (vLLM's)
+    num_speculative_tokens: int | None = Field(default=None, ge=1)  # extension: per-request k
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: Any = None
+
+    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+                              max_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos)
+
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionRequest(OpenAIRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+# -- responses ---------------------------------------------------------------------------------------
+
+
+def usage(seqs: list[SequenceState], prompts: list[list[int]]) -> dict:
+    """OpenAI's usage (each prompt counted once, whatever n) plus the speculation stats."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion = sum(len(s.output_token_ids) for s in seqs)
+    drafted = sum(s.stats.num_draft_tokens for s in seqs)
+    accepted = sum(s.stats.num_accepted_tokens for s in seqs)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
+            "spec_decode": {"num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+                            "acceptance_rate": accepted / drafted if drafted else 0.0}}
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    """An OpenAI error body made by hand (routing, validation, readiness: no domain error behind it)."""
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": type_, "param": param,
+                                                                "code": code}})
+
+
+def domain_error_body(exc: BaseException) -> tuple[int, dict]:
+    """(status, OpenAI's error body) for any exception, from the one table in specdec.errors; an
+    unexpected exception (not a SpecDecError) that maps to a 5xx is logged with its traceback."""
+    status, body = openai_error_body(exc)
+    if status >= 500 and not isinstance(exc, SpecDecError):
+        logger.error("unexpected error", exc_info=exc)
+    return status, body
+
+
+def domain_error_response(exc: BaseException) -> JSONResponse:
+    status, body = domain_error_body(exc)
+    return JSONResponse(status_code=status, content=body)
+
+
+def stream_error(exc: BaseException) -> dict:
+    """The in-band error event of a stream that has already started (OpenAI style: no status to send)."""
+    return {"error": domain_error_body(exc)[1]["error"]}
