@@ -206,8 +206,9 @@ def sampling(temperature: float = 0.0, seed: int | None = None, top_p: float = 0
 
 def generate_request(prompt: str | None = None, prompt_token_ids=None, max_tokens: int | None = 24,
                      temperature: float = 0.0, seed: int | None = None, k: int | None = None,
-                     ignore_eos: bool = True, **kw) -> gen_pb2.GenerateRequest:
-    req = gen_pb2.GenerateRequest(sampling_params=sampling(temperature, seed), ignore_eos=ignore_eos, **kw)
+                     ignore_eos: bool = True, top_k: int = 0, **kw) -> gen_pb2.GenerateRequest:
+    req = gen_pb2.GenerateRequest(sampling_params=sampling(temperature, seed, top_k=top_k), ignore_eos=ignore_eos,
+                                  **kw)
     if prompt is not None:
         req.prompt = prompt
     if prompt_token_ids is not None:

@@ -24,6 +24,10 @@ from tests.services_conftest_helpers import (
 
 MAX_TOKENS = 24
 METHODS = ["greedy", "probabilistic"]
+# How each drafting method is checked against the greedy reference. At temperature 0 probabilistic
+# drafting drafts greedily (the same path as "greedy"); at temperature 1 with top_k=1 it samples from a
+# one-hot q and the target runs the rejection sampler, whose output must still equal greedy decoding.
+SAMPLING = {"greedy": {"temperature": 0.0}, "probabilistic": {"temperature": 1.0, "top_k": 1, "seed": 7}}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,7 @@ def _check_stream(out, prompt_len: int, k: int, max_tokens: int = MAX_TOKENS) ->
 def test_greedy_equals_target_alone_k_per_request(gateway_for, references, tokenizer, method, k):
     _, stub = gateway_for(method)
     for prompt in PROMPTS:
-        out = generate(stub, generate_request(prompt, max_tokens=MAX_TOKENS, k=k))
+        out = generate(stub, generate_request(prompt, max_tokens=MAX_TOKENS, k=k, **SAMPLING[method]))
         assert (out.text, out.token_ids) == references[prompt], (method, k, prompt)
         _check_stream(out, len(tokenizer(prompt).input_ids), k)
 
@@ -89,7 +93,7 @@ def test_greedy_equals_target_alone_k_from_gateway_config(gateway_for, reference
     info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
     assert info.num_speculative_tokens == k and info.draft_sample_method == method
     for prompt in PROMPTS:
-        out = generate(stub, generate_request(prompt, max_tokens=MAX_TOKENS))
+        out = generate(stub, generate_request(prompt, max_tokens=MAX_TOKENS, **SAMPLING[method]))
         assert (out.text, out.token_ids) == references[prompt], (method, k, prompt)
         _check_stream(out, len(tokenizer(prompt).input_ids), k)
 

@@ -35,12 +35,21 @@ def _greedy(max_tokens=NUM_TOKENS):
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
+def _greedy_for(draft_sample_method: str, max_tokens=NUM_TOKENS) -> SamplingParams:
+    """Parameters whose output must equal greedy decoding, distinct per drafting method: at temperature 0
+    probabilistic drafting drafts greedily (the greedy path again), so it runs at temperature 1 with
+    top_k=1 instead, sampling from a one-hot q through the rejection sampler."""
+    if draft_sample_method == "probabilistic":
+        return SamplingParams(temperature=1.0, top_k=1, max_tokens=max_tokens, ignore_eos=True)
+    return _greedy(max_tokens)
+
+
 # --------------------------------------------------------------------------------------------------
 # greedy losslessness
 
 
-def _check_greedy_lossless(llm, target_greedy_ref, max_tokens=NUM_TOKENS):
-    outs = llm.generate(PROMPTS, _greedy(max_tokens))
+def _check_greedy_lossless(llm, target_greedy_ref, max_tokens=NUM_TOKENS, params: SamplingParams | None = None):
+    outs = llm.generate(PROMPTS, params or _greedy(max_tokens))
     for prompt, out in zip(PROMPTS, outs):
         ids, ref = target_greedy_ref[prompt]
         assert out.prompt_token_ids == ids
@@ -61,7 +70,7 @@ def test_target_alone_equals_hf_generate(target_dir, target_greedy_ref):
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_greedy_lossless_good_draft(k, draft_sample_method, target_dir, good_draft_dir, target_greedy_ref, spec):
     llm = LLM(str(target_dir), speculative_config=spec(good_draft_dir, k, draft_sample_method=draft_sample_method), dtype="float32")
-    outs = _check_greedy_lossless(llm, target_greedy_ref)
+    outs = _check_greedy_lossless(llm, target_greedy_ref, params=_greedy_for(draft_sample_method))
     for out in outs:
         s = out.spec_decode_stats
         assert s.num_drafts > 0 and s.num_accepted_tokens > 0
@@ -76,7 +85,8 @@ def test_greedy_lossless_good_draft(k, draft_sample_method, target_dir, good_dra
 def test_greedy_lossless_bad_draft(k, draft_sample_method, target_dir, bad_draft_dir, target_greedy_ref, spec):
     llm = LLM(str(target_dir), speculative_config=spec(bad_draft_dir, k, draft_sample_method=draft_sample_method), dtype="float32")
     num_tokens = 16  # (almost) every round yields one token: keep it short
-    outs = _check_greedy_lossless(llm, target_greedy_ref, max_tokens=num_tokens)
+    outs = _check_greedy_lossless(llm, target_greedy_ref, max_tokens=num_tokens,
+                                  params=_greedy_for(draft_sample_method, num_tokens))
     for out in outs:
         s = out.spec_decode_stats
         assert s.num_draft_tokens > 0
