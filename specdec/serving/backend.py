@@ -67,6 +67,7 @@ class Backend:
         self.load_error: Exception | None = None  # why load() failed, for callers (never retried)
         self._stop = threading.Event()
         self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
+        self.sequences_expired = 0  # sequences released by the idle expiry (sequence_ttl_seconds)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def load(self) -> None:
@@ -143,13 +144,20 @@ class Backend:
     def _evict_loop(self) -> None:
         ttl = self.config.sequence_ttl_seconds
         while not self._stop.wait(min(30.0, max(ttl / 4, 0.05))):
-            now = time.monotonic()
-            with self.runner.lock:
-                stale = [sid for sid, s in self.runner.sequences.items() if now - s.last_used > ttl]
-                for sid in stale:
-                    self.runner.release(sid)
-            if stale:
-                logger.info("%s: evicted %d idle sequence(s)", self.role, len(stale))
+            self.evict_idle()
+
+    def evict_idle(self, now: float | None = None) -> list[str]:
+        """Release the sequences idle for longer than sequence_ttl_seconds (as of ``now``); their ids."""
+        now = time.monotonic() if now is None else now
+        ttl = self.config.sequence_ttl_seconds
+        with self.runner.lock:
+            stale = [sid for sid, s in self.runner.sequences.items() if now - s.last_used > ttl]
+            for sid in stale:
+                self.runner.release(sid)
+            self.sequences_expired += len(stale)
+        if stale:
+            logger.info("%s: evicted %d idle sequence(s)", self.role, len(stale))
+        return stale
 
     # -- requests ------------------------------------------------------------------------------------
     def history(self, sequence_id: str, start_position: int, new_token_ids: list[int]) -> list[int]:

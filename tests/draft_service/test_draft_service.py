@@ -171,15 +171,25 @@ def test_max_sequences_is_resource_exhausted(stub, ref, clean):
 
 
 def test_idle_sequence_is_evicted_after_its_ttl(servers, good_draft_dir, ref):
-    handle = servers.draft(good_draft_dir, sequence_ttl_seconds=0.2)
+    """As for the target: eviction at chosen instants, then the background loop."""
+    import time
+
+    handle = servers.draft(good_draft_dir, sequence_ttl_seconds=60)
+    backend = handle.backend
     with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as ch:
         stub = draft_service_pb2_grpc.DraftServiceStub(ch)
         ids, out = ref
         _propose(stub, "idle", ids, k=2)
-        assert "idle" in handle.backend.runner.sequences
-        wait_until(lambda: not handle.backend.runner.sequences, timeout=5, what="idle eviction")
+        assert backend.evict_idle(time.monotonic() + 59) == [] and "idle" in backend.runner.sequences
+        assert backend.evict_idle(time.monotonic() + 61) == ["idle"] and not backend.runner.sequences
         err = rpc_error(lambda: _propose(stub, "idle", out[:2], start_position=len(ids)))
         assert err.code() == grpc.StatusCode.NOT_FOUND
+
+    short = servers.draft(good_draft_dir, sequence_ttl_seconds=0.2)
+    with grpc.insecure_channel(f"127.0.0.1:{short.port}") as ch:
+        _propose(draft_service_pb2_grpc.DraftServiceStub(ch), "idle", ref[0], k=2)
+    wait_until(lambda: short.backend.sequences_expired == 1, timeout=5, what="the expiry loop")
+    assert not short.backend.runner.sequences
 
 
 def test_async_load_reports_not_serving_then_serving(servers, good_draft_dir, ref, monkeypatch):
