@@ -33,7 +33,7 @@ class Gateway:
     """Owns each request's canonical token sequence and runs the speculative loop over the services."""
 
     def __init__(self, config: GatewayConfig):
-        check_num_speculative_tokens(config.num_speculative_tokens)
+        check_num_speculative_tokens(config.num_speculative_tokens, ConfigError)
         self.config = config
         self.target = RemoteTarget(config.target_addr, config.backend_timeout_seconds)
         self.draft = (RemoteDraft(config.draft_addr, config.draft_sample_method, config.backend_timeout_seconds)
