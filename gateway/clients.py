@@ -20,6 +20,7 @@ from specdec.errors import BackendUnavailableError, DeadlineExceededError, Seque
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.serving.grpc_errors import error_from_rpc
+from specdec.serving.metrics import BACKEND_CALL, HISTORY_RESENDS
 from specdec.serving.server import channel_options
 from specdec.serving.wire import probs_from_proto, probs_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, draft_service_pb2, draft_service_pb2_grpc, target_service_pb2, target_service_pb2_grpc
@@ -34,6 +35,8 @@ _DRAFT_METHODS = {
 
 class _RemoteBackend:
     role = "backend"
+    phase = "call"  # the metrics' name of the round phase this service runs
+    model_name = ""  # the gateway's served model name (a metrics label), set by the gateway
 
     def __init__(self, address: str, retry_seconds: float = 60.0):
         self.address = address
@@ -67,7 +70,9 @@ class _RemoteBackend:
         delay = 0.05
         while True:
             try:
+                began = time.monotonic()
                 response = rpc(make_request(start, token_ids[start:]), timeout=self._timeout(sequence_id))
+                BACKEND_CALL.labels("gateway", self.model_name, self.phase).observe(time.monotonic() - began)
                 with self._lock:
                     self._held[sequence_id] = len(token_ids)
                 return response
@@ -75,6 +80,7 @@ class _RemoteBackend:
                 error = error_from_rpc(err, f"{self.role} service: ")
                 if isinstance(error, SequenceNotFoundError) and start > 0:
                     logger.info("%s lost sequence %s; resending its %d tokens", self.role, sequence_id, len(token_ids))
+                    HISTORY_RESENDS.labels("gateway", self.model_name, self.phase).inc()
                     start = 0
                     continue
                 if type(error) is BackendUnavailableError and err.code() == grpc.StatusCode.UNAVAILABLE \
@@ -121,6 +127,7 @@ class _RemoteBackend:
 
 class RemoteDraft(_RemoteBackend):
     role = "draft"
+    phase = "propose"
 
     def __init__(self, address: str, draft_sample_method: str = "greedy", retry_seconds: float = 60.0):
         super().__init__(address, retry_seconds)
@@ -163,6 +170,7 @@ class RemoteProposal(Proposal):
 
 class RemoteTarget(_RemoteBackend):
     role = "target"
+    phase = "verify"
 
     def __init__(self, address: str, retry_seconds: float = 60.0):
         super().__init__(address, retry_seconds)

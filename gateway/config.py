@@ -27,3 +27,6 @@ class GatewayConfig:
     backend_timeout_seconds: float = field(default=60.0, metadata={"help": "how long a backend call may retry an unavailable service"})
     startup_timeout_seconds: float = field(default=600.0, metadata={"help": "how long to wait for the backends at start-up"})
     max_concurrent_requests: int = field(default=64, metadata={"help": "streams served at once"})
+    metrics_port: int | None = field(default=None, metadata={"help": "serve Prometheus /metrics on this HTTP port too "
+                                                                     "(none: only on --http-port, if set; 0: any free port)"})
+    log_requests: bool = field(default=False, metadata={"help": "include the prompt text in the per-request log line"})

@@ -16,6 +16,7 @@ from specdec.errors import ConfigError, InvalidRequestError
 from specdec.models import load_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
+from specdec.serving.metrics import SequenceMetrics, set_build_info
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class Gateway:
     """Owns each request's canonical token sequence and runs the speculative loop over the services."""
 
     def __init__(self, config: GatewayConfig):
-        check_num_speculative_tokens(config.num_speculative_tokens, ConfigError)
+        check_num_speculative_tokens(config.num_speculative_tokens)
         self.config = config
         self.target = RemoteTarget(config.target_addr, config.backend_timeout_seconds)
         self.draft = (RemoteDraft(config.draft_addr, config.draft_sample_method, config.backend_timeout_seconds)
@@ -51,6 +52,11 @@ class Gateway:
         # A TLI draft counts its own tokens against its own limit; only a same-vocabulary draft caps the length.
         limits = [self.target_info.max_model_len] + ([self.draft_info.max_model_len] if same_vocab else [])
         self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
+        for client in (self.target, self.draft):
+            if client is not None:
+                client.model_name = self.served_model_name
+        set_build_info("gateway", self.served_model_name, num_speculative_tokens=config.num_speculative_tokens
+                       if self.draft else 0, method="draft_model" if self.draft else "target_only")
 
     def _check_pair(self) -> None:
         t, d = self.target_info, self.draft_info
@@ -75,6 +81,11 @@ class Gateway:
     @property
     def model_name(self) -> str:
         return self.target_info.model_name
+
+    @property
+    def served_model_name(self) -> str:
+        """The model id clients send (and the metrics' model_name label)."""
+        return self.config.served_model_name or self.target_info.model_name
 
     # -- requests ------------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -112,16 +123,22 @@ class Gateway:
             if client is not None:
                 client.set_deadline(seq.sequence_id, deadline)
         rounds = decode(self.draft, self.target, seq, k)
+        metrics = SequenceMetrics(self.served_model_name, seq.arrival_time, len(seq.prompt_token_ids))
         seen = 0
         try:
+            metrics.round_started()  # the first round starts now; the loop runs them back to back
             for text in rounds:
-                if cancelled is not None and cancelled():
-                    break
                 new_ids = seq.output_token_ids[seen:]
                 seen = len(seq.output_token_ids)
+                metrics.round_done(seq.stats, len(new_ids))
+                if seq.finished:
+                    metrics.finished(seq.finish_reason, len(seq.output_token_ids))
+                if cancelled is not None and cancelled():
+                    break
                 yield Delta(text, new_ids, seq.finished)
         finally:
             rounds.close()
+            metrics.closed()
 
     def check_backends(self) -> list[str]:
         """Problems with the backends (empty when both are reachable and SERVING)."""

@@ -7,8 +7,9 @@ import grpc
 from gateway.config import GatewayConfig
 from gateway.generation import Gateway, deadline_from_timeout
 from specdec.errors import InvalidRequestError
-from specdec.serving.grpc_errors import map_errors, map_stream_errors
-from specdec.serving.server import ServerHandle, start_server, time_remaining
+from specdec.serving.grpc_errors import map_errors, map_stream_errors, status_code_for
+from specdec.serving.metrics import request_error
+from specdec.serving.server import ServerHandle, start_metrics_server, start_server, time_remaining
 from specdec.serving.wire import sampling_from_proto
 from specdec.sequence import SequenceState
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
@@ -48,6 +49,13 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
 
     @map_stream_errors
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
+        try:
+            yield from self._generate(request, context)
+        except Exception as exc:
+            request_error(self.gateway.served_model_name, "grpc", status_code_for(exc).name)
+            raise
+
+    def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         seq = self._sequence(request)
         k = request.num_speculative_tokens if request.HasField("num_speculative_tokens") else None
         stream = self.gateway.stream(seq, k, deadline_from_timeout(time_remaining(context)),
@@ -89,6 +97,7 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
     )
     handle.backend = gateway
     handle.on_stop.append(gateway.close)
+    start_metrics_server(handle, config.metrics_port, config.host)
     if config.http_port is not None:
         from gateway.openai.api_server import HttpServer, create_app
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ class SequenceState:
     eos_token_ids: frozenset[int]
     max_model_len: int
     sequence_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    arrival_time: float = field(default_factory=time.monotonic)  # when the request arrived (monotonic clock)
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None  # "stop" | "length" | "abort"

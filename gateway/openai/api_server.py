@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI), and uvicorn serving it in the gateway's process.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /ready,
-GET /version. With an API key, every /v1/ route wants ``Authorization: Bearer <key>``. Errors use
+GET /version, GET /metrics (Prometheus). With an API key, every /v1/ route wants ``Authorization: Bearer <key>``. Errors use
 OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: domain errors (and unexpected
 exceptions, as internal errors) from the one table in specdec.errors, request validation as a 400
 naming the param, unknown routes and methods as 404 / 405.
@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -25,6 +25,7 @@ from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, do
 from gateway.openai.serving_chat import OpenAIServingChat
 from gateway.openai.serving_completion import OpenAIServingCompletion
 from specdec.errors import AuthenticationError, SpecDecError
+from specdec.serving.metrics import CONTENT_TYPE, exposition, request_error
 
 # the type names pydantic appends to the location of an error in a union field ("stop.str")
 _TYPE_NAME = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
@@ -40,11 +41,16 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return domain_error_response(
-                    AuthenticationError("invalid or missing API key: send 'Authorization: Bearer <key>'"))
-        return await call_next(request)
+        if not request.url.path.startswith("/v1/"):
+            return await call_next(request)
+        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+            response = domain_error_response(
+                AuthenticationError("invalid or missing API key: send 'Authorization: Bearer <key>'"))
+        else:
+            response = await call_next(request)
+        if response.status_code >= 400:
+            request_error(model_name, "http", response.status_code)
+        return response
 
     install_error_handlers(app)
 
@@ -59,6 +65,10 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
             return error_response(503, "; ".join(problems), "service_unavailable", code="backend_unavailable")
         return {"status": "ready", "target": gateway.target_info.model_name,
                 "draft": gateway.draft_info.model_name if gateway.draft_info else None}
+
+    @app.get("/metrics")
+    async def metrics():  # open like /health (no API key), as vLLM's
+        return Response(exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/version")
     async def version():

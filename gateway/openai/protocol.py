@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specdec.errors import SpecDecError, openai_error_body
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
+from specdec.serving.metrics import request_error
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ def domain_error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(status_code=status, content=body)
 
 
-def stream_error(exc: BaseException) -> dict:
-    """The in-band error event of a stream that has already started (OpenAI style: no status to send)."""
-    return {"error": domain_error_body(exc)[1]["error"]}
+def stream_error(exc: BaseException, model_name: str) -> dict:
+    """The in-band error event of a stream that has already started (OpenAI style: no status to send;
+    the metrics count it under the status it would have had)."""
+    status, body = domain_error_body(exc)
+    request_error(model_name, "http", status)
+    return {"error": body["error"]}

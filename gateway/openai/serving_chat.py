@@ -75,7 +75,7 @@ class OpenAIServingChat(OpenAIServing):
                     yield chunk(i, {"content": delta.text} if delta.text else {},
                                 seqs[i].finish_reason if delta.finished else None)
         except Exception as exc:  # the stream has started: report in-band, OpenAI style
-            yield stream_error(exc)
+            yield stream_error(exc, self.model_name)
             return
         if body.include_usage():
             yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,

@@ -63,7 +63,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 if delta.text or delta.finished:
                     yield chunk(i, delta.text, seqs[i].finish_reason if delta.finished else None)
         except Exception as exc:  # the stream has started: report in-band, OpenAI style
-            yield stream_error(exc)
+            yield stream_error(exc, self.model_name)
             return
         if body.include_usage():
             prompts = [s.prompt_token_ids for s in seqs[::n]]

@@ -17,6 +17,7 @@ from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult,
 from specdec.runner import ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
+from specdec.serving.metrics import ServiceMetrics, set_build_info
 from specdec.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Backend:
         self._stop = threading.Event()
         self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
         self.sequences_expired = 0  # sequences released by the idle expiry (sequence_ttl_seconds)
+        self.metrics = ServiceMetrics(role, config.model)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def load(self) -> None:
@@ -89,11 +91,15 @@ class Backend:
         # process should run its models on one thread); an own thread gets num_threads cores.
         threads = cpu_threads(cfg.num_threads)
         self.batcher = ContinuousBatcher(run, cfg.max_batch_size, name=f"{self.role}-batcher",
-                                         on_batch=self._record_batch, compute=self.compute,
+                                         on_batch=self._record_batch, on_batch_done=self.metrics.batch,
+                                         compute=self.compute,
                                          expected=self._active_sequences, max_wait_s=cfg.batch_wait_ms / 1000,
                                          defer_to_others=self.role == "draft",
                                          thread_init=lambda: set_num_threads(threads))
         self._warmup()
+        self.metrics.track_cached(lambda: len(self.runner.sequences))
+        set_build_info(self.role, cfg.model, dtype=dtype_name(self.lm.dtype), device=str(self.lm.device),
+                       method=self.draft_sample_method if self.role == "draft" else "")
         threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
         self.ready.set()
         runtime = "transformers forward" if self.runner.net is self.lm.model else "lean forward"
@@ -155,6 +161,7 @@ class Backend:
             for sid in stale:
                 self.runner.release(sid)
             self.sequences_expired += len(stale)
+        self.metrics.expired(len(stale))
         if stale:
             logger.info("%s: evicted %d idle sequence(s)", self.role, len(stale))
         return stale
@@ -177,6 +184,7 @@ class Backend:
                 held_ids = [] if seq is None else seq.vocab_state.get("target_ids", []) if self.tli else seq.tokens
                 if seq is None or len(held_ids) < start_position:
                     held = len(held_ids)
+                    self.metrics.cache_miss()
                     raise SequenceNotFoundError(
                         f"{self.role}: sequence {sequence_id!r} holds {held} tokens, not the {start_position} the "
                         "request builds on (restart or eviction); resend the whole history with start_position=0"

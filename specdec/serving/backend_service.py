@@ -16,7 +16,7 @@ from specdec.errors import BackendUnavailableError, ModelLoadError
 from specdec.serving.backend import Backend, BackendConfig
 from specdec.serving.batching import ComputeThread
 from specdec.serving.grpc_errors import map_errors
-from specdec.serving.server import ServerHandle, start_server
+from specdec.serving.server import ServerHandle, start_metrics_server, start_server
 from specdec.serving.settings import service_cli
 from specdec.serving.wire import model_info_to_proto
 from specdec.v1 import common_pb2
@@ -30,6 +30,8 @@ class BackendServiceConfig(BackendConfig):
 
     host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
     port: int = field(default=0, metadata={"help": "gRPC port (0: any free port)"})
+    metrics_port: int | None = field(default=None, metadata={"help": "serve Prometheus /metrics on this HTTP port "
+                                                                     "(none: off; 0: any free port)"})
 
 
 def require_ready(backend: Any) -> None:
@@ -79,6 +81,7 @@ def start_backend_service(
     handle = start_server(lambda server: add_servicer(instance, server), [service_name], config.host, config.port)
     handle.backend = backend
     handle.on_stop.append(backend.close)
+    start_metrics_server(handle, config.metrics_port, config.host)
 
     def load() -> None:
         try:

@@ -73,6 +73,7 @@ class ContinuousBatcher(Generic[T, R]):
         max_batch_size: int = 16,
         name: str = "batcher",
         on_batch: Callable[[int], None] | None = None,
+        on_batch_done: Callable[[list[float], float], None] | None = None,
         thread_init: Callable[[], None] | None = None,
         compute: ComputeThread | None = None,
         expected: Callable[[], int] | None = None,
@@ -82,6 +83,7 @@ class ContinuousBatcher(Generic[T, R]):
         self._run_batch = run_batch
         self.max_batch_size = max_batch_size
         self._on_batch = on_batch
+        self._on_batch_done = on_batch_done  # (each call's queue wait, the batch's run time), in seconds
         self._queue: queue.Queue = queue.Queue()  # (item, future) waiting for a batch
         self._lock = threading.Lock()
         self._scheduled = False  # a drain job is queued on the compute thread
@@ -105,6 +107,7 @@ class ContinuousBatcher(Generic[T, R]):
         if self._closed:
             raise RuntimeError("batcher is closed")
         fut: Future = Future()
+        fut.submitted = time.monotonic()  # type: ignore[attr-defined]
         self._queue.put((item, fut))
         self._schedule()
         return fut
@@ -198,11 +201,15 @@ class ContinuousBatcher(Generic[T, R]):
     def _run(self, batch: list[tuple[T, Future]]) -> None:
         if self._on_batch is not None:
             self._on_batch(len(batch))
+        start = time.monotonic()
         try:
             results = self._run_batch([item for item, _ in batch])
         except BaseException as exc:  # the whole batch failed: every caller gets the error
             logger.exception("batch of %d failed", len(batch))
             results = [exc] * len(batch)
+        if self._on_batch_done is not None:
+            self._on_batch_done([start - getattr(fut, "submitted", start) for _, fut in batch],
+                                time.monotonic() - start)
         for (_, fut), res in zip(batch, results):
             if isinstance(res, BaseException):
                 fut.set_exception(res)

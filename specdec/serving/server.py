@@ -31,6 +31,7 @@ class ServerHandle:
     on_stop: list[Callable[[], None]]
     backend: Any = None  # the object the servicer wraps (tests inspect it)
     http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when it serves one
+    metrics_port: int | None = None  # the Prometheus /metrics port, when it serves one of its own
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -46,6 +47,21 @@ class ServerHandle:
 
     def wait(self) -> None:
         self.server.wait_for_termination()
+
+
+def start_metrics_server(handle: ServerHandle, port: int | None, host: str) -> None:
+    """Serve /metrics on ``port`` (None: not at all) until the handle stops."""
+    if port is None:
+        return
+    from specdec.serving.metrics import serve_metrics
+
+    try:
+        stop = serve_metrics(port, host)
+    except OSError:
+        handle.stop(0)
+        raise
+    handle.metrics_port = stop.port  # type: ignore[attr-defined]
+    handle.on_stop.append(stop)
 
 
 def channel_options() -> list[tuple[str, int]]:
