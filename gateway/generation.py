@@ -19,6 +19,7 @@ from specdec.sequence import SequenceState
 from specdec.serving.metrics import SequenceMetrics, set_build_info
 
 logger = logging.getLogger(__name__)
+request_log = logging.getLogger("specdec.requests")  # one line per finished sequence
 
 
 @dataclass
@@ -123,7 +124,9 @@ class Gateway:
             if client is not None:
                 client.set_deadline(seq.sequence_id, deadline)
         rounds = decode(self.draft, self.target, seq, k)
-        metrics = SequenceMetrics(self.served_model_name, seq.arrival_time, len(seq.prompt_token_ids))
+        # a request's prompt counts once, with its first output (as in usage.prompt_tokens)
+        metrics = SequenceMetrics(self.served_model_name, seq.arrival_time,
+                                  len(seq.prompt_token_ids) if seq.output_index == 0 else 0)
         seen = 0
         try:
             metrics.round_started()  # the first round starts now; the loop runs them back to back
@@ -133,12 +136,28 @@ class Gateway:
                 metrics.round_done(seq.stats, len(new_ids))
                 if seq.finished:
                     metrics.finished(seq.finish_reason, len(seq.output_token_ids))
+                    self._log_finished(seq, metrics)
                 if cancelled is not None and cancelled():
                     break
                 yield Delta(text, new_ids, seq.finished)
         finally:
             rounds.close()
             metrics.closed()
+
+    def _log_finished(self, seq: SequenceState, metrics: SequenceMetrics) -> None:
+        """One structured line per finished sequence (the prompt's text only with --log-requests)."""
+        s = seq.stats
+        fields = {"request_id": seq.sequence_id, "prompt_tokens": len(seq.prompt_token_ids),
+                  "generated_tokens": len(seq.output_token_ids), "finish_reason": seq.finish_reason,
+                  "num_draft_tokens": s.num_draft_tokens, "num_accepted_tokens": s.num_accepted_tokens,
+                  "acceptance_rate": round(s.acceptance_rate, 4), "ttft_seconds": round(metrics.ttft or 0.0, 6),
+                  "e2e_seconds": round(metrics.e2e or 0.0, 6)}
+        if self.config.log_requests:
+            fields["prompt"] = self.tokenizer.decode(seq.prompt_token_ids)
+        request_log.info("request %s finished (%s): %d prompt + %d generated tokens, acceptance %.2f, ttft %.3f s, "
+                         "e2e %.3f s", seq.sequence_id, seq.finish_reason, fields["prompt_tokens"],
+                         fields["generated_tokens"], s.acceptance_rate, fields["ttft_seconds"],
+                         fields["e2e_seconds"], extra=fields)
 
     def check_backends(self) -> list[str]:
         """Problems with the backends (empty when both are reachable and SERVING)."""

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.errors import SpecDecError, openai_error_body
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
 from specdec.serving.metrics import request_error
 
@@ -79,11 +79,14 @@ def usage(seqs: list[SequenceState], prompts: list[list[int]]) -> dict:
     """OpenAI's usage (each prompt counted once, whatever n) plus the speculation stats."""
     prompt_tokens = sum(len(p) for p in prompts)
     completion = sum(len(s.output_token_ids) for s in seqs)
-    drafted = sum(s.stats.num_draft_tokens for s in seqs)
-    accepted = sum(s.stats.num_accepted_tokens for s in seqs)
+    stats = SpecDecodeStats()
+    for s in seqs:
+        stats.merge(s.stats)
+    drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
-            "spec_decode": {"num_draft_tokens": drafted, "num_accepted_tokens": accepted,
-                            "acceptance_rate": accepted / drafted if drafted else 0.0}}
+            "spec_decode": {"num_drafts": stats.num_drafts, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+                            "acceptance_rate": accepted / drafted if drafted else 0.0,
+                            "num_accepted_tokens_per_pos": list(stats.accepted_per_position)}}
 
 
 # -- errors ------------------------------------------------------------------------------------------

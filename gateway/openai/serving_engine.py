@@ -31,4 +31,6 @@ class OpenAIServing:
         """Output ``index`` of a request; with n > 1 and a seed, each output gets its own seed."""
         if params.seed is not None and index:
             params = params.clone(seed=output_seed(params.seed, index))  # n > 1: distinct, reproducible samples
-        return self.gateway.new_sequence(ids, params)
+        seq = self.gateway.new_sequence(ids, params)
+        seq.output_index = index
+        return seq

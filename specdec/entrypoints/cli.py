@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import os
 import sys
+
+from specdec.serving.logs import LOG_FORMATS, configure_logging
 
 # name -> (module, help). The module provides add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -20,7 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--log-level", default=os.environ.get("SPECDEC_LOG_LEVEL", "INFO"),
+                        help="logging level (env SPECDEC_LOG_LEVEL; default INFO)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=os.environ.get("SPECDEC_LOG_FORMAT", "text"),
+                        help="text, or one JSON object per line (env SPECDEC_LOG_FORMAT; default text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -32,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

@@ -116,6 +116,8 @@ class SequenceMetrics:
         self.prompt_tokens = prompt_tokens
         self.started: float | None = None
         self.last_emit: float | None = None
+        self.ttft: float | None = None  # seconds, once the first token is out
+        self.e2e: float | None = None  # seconds, once finished
         self._seen = (0, 0, 0, [])  # drafts, draft tokens, accepted, accepted per position
         REQUESTS_WAITING.labels(*self.labels).inc()
 
@@ -143,14 +145,16 @@ class SequenceMetrics:
         if emitted:
             now = time.monotonic()
             if self.last_emit is None:
-                TTFT.labels(*labels).observe(now - self.arrival)
+                self.ttft = now - self.arrival
+                TTFT.labels(*labels).observe(self.ttft)
             else:
                 ITL.labels(*labels).observe(now - self.last_emit)
             self.last_emit = now
 
     def finished(self, finish_reason: str | None, generated: int) -> None:
         labels = self.labels
-        E2E.labels(*labels).observe(time.monotonic() - self.arrival)
+        self.e2e = time.monotonic() - self.arrival
+        E2E.labels(*labels).observe(self.e2e)
         PROMPT_TOKENS.labels(*labels).inc(self.prompt_tokens)
         GENERATION_TOKENS.labels(*labels).inc(generated)
         REQUEST_SUCCESS.labels(*labels, finish_reason or "abort").inc()

@@ -119,9 +119,11 @@ def service_cli(config_cls: type, env_prefix: str, create_server_path: str, name
         return 0
 
     def main() -> None:
+        from specdec.serving.logs import configure_logging
+
         parser = argparse.ArgumentParser(prog=name)
         add(parser)
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logging("INFO")
         sys.exit(run(parser.parse_args()))
 
     return add, run, main
