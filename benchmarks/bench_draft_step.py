@@ -12,42 +12,25 @@ step, KV cache, logits out). The target rows give one-token and (k+1)-token pass
 step is measured against (c = draft step / target step).
 
     python benchmarks/bench_draft_step.py --reps 40
+    python benchmarks/bench_draft_step.py --smoke   # tiny random-weight pair, seconds: checks the script runs
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, write_json  # noqa: E402
+from common import add_common_args, json_path, print_table, smoke_environment, smoke_models, step_ms, write_json  # noqa: E402
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-from specdec.workers import ModelRunner  # noqa: E402
+from specdec.lean_decoder import unsupported_reason  # noqa: E402
 from specdec.models import load_model  # noqa: E402
-
-
-def step_ms(runner: ModelRunner, n: int, context: int, reps: int) -> float:
-    """Median time of a pass of ``n`` new tokens after ``context`` cached ones (rolled back each time)."""
-    g = torch.Generator().manual_seed(0)
-    vocab = runner.lm.model.get_input_embeddings().num_embeddings
-    ids = torch.randint(0, vocab, (context + n,), generator=g).tolist()
-    seq = runner.get_or_create(f"bench-{n}", 0)
-    runner.forward(seq, ids[:context])
-    times = []
-    for _ in range(reps + 3):
-        seq.cache.truncate(context)
-        del seq.tokens[context:]
-        t = time.perf_counter()
-        runner.forward(seq, ids[context:], num_logits=n)
-        times.append(time.perf_counter() - t)
-    runner.release(f"bench-{n}")
-    times = sorted(times[3:])
-    return 1000 * times[len(times) // 2]
+from specdec.runner import ModelRunner  # noqa: E402
 
 
 def main() -> int:
@@ -57,27 +40,37 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=96, help="cached tokens before the timed pass (default 96)")
     ap.add_argument("--k", type=int, default=4, help="the target's verification pass scores k+1 tokens (default 4)")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--json", default="bench_results/draft_step.json")
+    add_common_args(ap)
     args = ap.parse_args()
+    out_path = json_path(args, "draft_step")
+    tmp = None
+    if args.smoke:
+        tmp = tempfile.TemporaryDirectory(prefix="specdec-bench-smoke-")
+        smoke_environment(tmp.name)
+        models = smoke_models(tmp.name, draft_vocab=True)  # a draft vocabulary, as the shipped draft has
+        args.target, args.draft, args.context, args.reps = models.target, models.draft, 8, 2
+    max_len = args.context + args.k + 1
 
     rows = []
     target_ms = {}
     for dtype in ("float32", "bfloat16"):
         target = load_model(args.target, dtype=dtype)
-        runner = ModelRunner(target, 4096, role="target")
+        runner = ModelRunner(target, max_len, role="target")
         one, verify = step_ms(runner, 1, args.context, args.reps), step_ms(runner, args.k + 1, args.context, args.reps)
         target_ms[dtype] = one
-        rows.append({"model": f"target {args.target}", "dtype": dtype, "runtime": "transformers",
+        rows.append({"model": f"target {Path(args.target).name}", "dtype": dtype, "runtime": "transformers",
                      "vocab rows": target.vocab_size, "ms/pass": one, f"ms/{args.k + 1}-token pass": verify})
         del runner, target
     for dtype in ("float32", "bfloat16"):
         draft = load_model(args.draft, dtype=dtype)
-        variants = [("transformers", False, None), ("lean", True, None)]
+        # where the lean forward does not support the architecture, ModelRunner runs transformers' instead
+        lean_name = "lean" if unsupported_reason(draft.model) is None else "transformers (no lean forward)"
+        variants = [("transformers", False, None), (lean_name, True, None)]
         if draft.draft_vocab is not None:
-            variants.append(("lean + draft vocab", True, draft.draft_vocab))
+            variants.append((f"{lean_name} + draft vocab", True, draft.draft_vocab))
         for name, lean, vocab in variants:
             draft.draft_vocab = vocab
-            runner = ModelRunner(draft, 4096, role="draft", lean_forward=lean)
+            runner = ModelRunner(draft, max_len, role="draft", lean_forward=lean)
             ms = step_ms(runner, 1, args.context, args.reps)
             rows.append({"model": f"draft {Path(args.draft).name}", "dtype": dtype, "runtime": name,
                          "vocab rows": draft.vocab_size if vocab is None else len(vocab), "ms/pass": ms,
@@ -86,7 +79,9 @@ def main() -> int:
             "c (bf16 target)"]
     print(f"threads={torch.get_num_threads()}, context={args.context}, median of {args.reps}")
     print_table(rows, cols)
-    write_json(args.json, {"rows": rows, "args": vars(args)})
+    write_json(out_path, {"smoke": args.smoke, "rows": rows, "args": vars(args)})
+    if tmp is not None:
+        tmp.cleanup()
     return 0
 
 

@@ -1,11 +1,21 @@
-"""Shared helpers for the benchmark scripts: prompts, timing, tables, JSON."""
+"""Shared helpers for the benchmark scripts: prompts, timing, tables, JSON, and ``--smoke`` models.
+
+The benchmarks use specdec's public API only (``LLM``, ``SamplingParams``, outputs'
+``spec_decode_stats``, ``start_stack(ServeConfig(...))`` and its gRPC endpoints, and library names
+without a leading underscore), so they keep running as the internals change. Every script has a
+``--smoke`` mode (tiny sizes, seconds on 2 cores) that ``tests/benchmarks/test_smoke.py`` runs.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import platform
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,27 +28,53 @@ PROMPTS = [
     "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
     "import json\n\ndef load_config(path):\n",
 ]
+SMOKE_PROMPTS = [PROMPTS[0], PROMPTS[2]]  # one prose, one code
 
 
-def step_cost_ms(model, n_tokens: int, context: int = 64, reps: int = 10) -> float:
-    """Median wall time of one forward pass scoring n_tokens after `context` cached tokens."""
-    from specdec.kv_cache import SequenceKVCache
+# --------------------------------------------------------------------------------------------------
+# command line
 
-    cfg = model.config.get_text_config()
-    vocab = cfg.vocab_size
-    ids = torch.randint(0, vocab, (1, context + n_tokens))
-    kwarg = "cache" if "cache" in model.forward.__code__.co_varnames else "past_key_values"
-    times = []
-    with torch.inference_mode():
-        for _ in range(reps + 2):
-            cache = SequenceKVCache(cfg.num_hidden_layers, context + n_tokens)
-            model(input_ids=ids[:, :context], position_ids=torch.arange(context)[None], use_cache=True,
-                  logits_to_keep=1, **{kwarg: cache})
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes (tiny random-weight models unless the script says otherwise) that finish in "
+                         "seconds: checks that the script runs, not how fast anything is")
+    ap.add_argument("--out", "--json", dest="json", default=None,
+                    help="where to write the JSON (default: bench_results/NAME.json; with --smoke, a temporary folder)")
+
+
+def json_path(args: argparse.Namespace, name: str) -> Path:
+    if args.json:
+        return Path(args.json)
+    if args.smoke:
+        return Path(tempfile.mkdtemp(prefix="specdec-bench-smoke-")) / f"{name}.json"
+    return Path("bench_results") / f"{name}.json"
+
+
+# --------------------------------------------------------------------------------------------------
+# timing
+
+
+def step_ms(runner, n: int, context: int, reps: int, warmup: int = 3) -> float:
+    """Median wall time of one ``ModelRunner.forward`` pass of ``n`` new tokens after ``context`` cached
+    ones, exactly as the workers call it (KV cache, logits of the ``n`` positions out). The cache is rolled
+    back to the context before each pass by ``ModelRunner.sync``."""
+    g = torch.Generator().manual_seed(0)
+    vocab = min(runner.lm.vocab_size, len(runner.lm.tokenizer))
+    ids = torch.randint(0, vocab, (context + n,), generator=g).tolist()
+    sid = f"bench-step-{n}-{context}"
+    seq = runner.get_or_create(sid, 0)
+    try:
+        runner.forward(seq, runner.sync(seq, ids[:context]))
+        times = []
+        for _ in range(reps + warmup):
+            runner.sync(seq, ids[:context + 1])  # keeps exactly the context cached
             t = time.perf_counter()
-            model(input_ids=ids[:, context:], position_ids=torch.arange(context, context + n_tokens)[None],
-                  use_cache=True, logits_to_keep=n_tokens, **{kwarg: cache})
+            runner.forward(seq, ids[context:], num_logits=n)
             times.append(time.perf_counter() - t)
-    times = sorted(times[2:])
+    finally:
+        runner.release(sid)
+    times = sorted(times[warmup:])
     return 1000 * times[len(times) // 2]
 
 
@@ -50,6 +86,15 @@ def solve_alpha(mean_accepted: float, k: int) -> float:
         e = sum(mid**i for i in range(1, k + 1))
         lo, hi = (mid, hi) if e < mean_accepted else (lo, mid)
     return (lo + hi) / 2
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is missing or b is 0 (a smoke run may draft nothing)."""
+    return a / b if a is not None and b else None
+
+
+# --------------------------------------------------------------------------------------------------
+# output
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
@@ -96,3 +141,104 @@ class plain_linears:
         for m in self.modules:
             m.__class__ = self.cls
         return False
+
+
+# --------------------------------------------------------------------------------------------------
+# --smoke: tiny random-weight models, built on the fly (as tests/conftest.py builds its fixtures)
+
+SMOKE_TLI_DRAFT_VOCAB = 8192  # ids kept in the TLI draft's smaller tokenizer
+SMOKE_DRAFT_VOCAB_ROWS = 16384  # the tiny draft's draft_vocab.json, when asked for
+
+
+@dataclass
+class SmokeModels:
+    target: str  # Llama, 2 layers, hidden 64, SmolLM2's tokenizer (49,152 ids)
+    draft: str  # the target + small noise: same tokenizer, high acceptance
+    tli_draft: str | None = None  # the target's layers over a different, smaller byte-level BPE vocabulary
+
+
+def smoke_models(root: str | Path, *, draft_vocab: bool = False, tli: bool = False) -> SmokeModels:
+    """Write tiny random-weight Hugging Face folders under ``root`` (a few seconds, nothing downloaded).
+
+    The tokenizer is SmolLM2's, read from the embedded default draft's folder inside the package.
+    ``draft_vocab``: the draft folder gets a ``draft_vocab.json`` (as the shipped draft has).
+    ``tli``: also a draft whose tokenizer is SmolLM2's cut to its first 8,192 ids (a different
+    vocabulary: a real Token-Level Intersection pair with the target, sharing ~8k tokens).
+    """
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from specdec.config import default_draft_path
+    from specdec.models import DRAFT_VOCAB_FILE
+
+    src = default_draft_path()
+    if src is None:
+        raise SystemExit("--smoke builds its models over SmolLM2's tokenizer, read from the embedded default "
+                         "draft (specdec/assets/smollm2-135m-draft), which is missing")
+    root = Path(root)
+    tok = AutoTokenizer.from_pretrained(src)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.02, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(45.0)  # peaky next-token distributions, as in tests/conftest.py
+        # mostly predicting ids the TLI draft's vocabulary shares, so its proposals get accepted too
+        target.lm_head.weight[SMOKE_TLI_DRAFT_VOCAB:].mul_(0.5)
+    out = SmokeModels(target=str(_save(target, tok, root / "target")), draft="")
+
+    g = torch.Generator().manual_seed(1)
+    noisy = {k: (v + 0.05 * v.std() * torch.randn(v.shape, generator=g) if v.dim() >= 2 else v).clone()
+             for k, v in target.state_dict().items()}
+    draft = LlamaForCausalLM(cfg).eval()
+    draft.load_state_dict(noisy)
+    draft_dir = _save(draft, tok, root / "draft")
+    if draft_vocab:
+        (draft_dir / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": list(range(SMOKE_DRAFT_VOCAB_ROWS))}))
+    out.draft = str(draft_dir)
+
+    if tli:
+        small_tok = _truncated_tokenizer(src, root / "tli-tokenizer", SMOKE_TLI_DRAFT_VOCAB)
+        small_cfg = LlamaConfig.from_dict({**cfg.to_dict(), "vocab_size": len(small_tok)})
+        small = LlamaForCausalLM(small_cfg).eval()
+        n = len(small_tok)  # ids below n stand for the same tokens in both tokenizers
+        small.load_state_dict({k: v[:n].clone() if k in ("model.embed_tokens.weight", "lm_head.weight") else v
+                               for k, v in target.state_dict().items()})
+        out.tli_draft = str(_save(small, small_tok, root / "tli-draft"))
+    return out
+
+
+def _save(model, tokenizer, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _truncated_tokenizer(src: Path, folder: Path, n: int):
+    """SmolLM2's byte-level BPE restricted to its first ``n`` ids (and the merges among them)."""
+    from transformers import AutoTokenizer
+
+    spec = json.loads((src / "tokenizer.json").read_text())
+    vocab = {piece: i for piece, i in spec["model"]["vocab"].items() if i < n}
+    merges = []
+    for m in spec["model"]["merges"]:
+        a, b = m if isinstance(m, list) else m.split(" ")
+        if a in vocab and b in vocab and a + b in vocab:
+            merges.append([a, b])
+    spec["model"]["vocab"], spec["model"]["merges"] = vocab, merges
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < n]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text((src / "tokenizer_config.json").read_text())
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def smoke_environment(root: str | Path) -> None:
+    """Keep a smoke run's caches (e.g. TLI vocabulary mappings of its throwaway tokenizers) out of the
+    user's ``~/.cache/specdec``, and give tiny models one thread (2 fighting threads make them 10x slower)."""
+    from transformers.utils import logging as hf_logging
+
+    os.environ["SPECDEC_CACHE"] = str(Path(root) / "cache")
+    torch.set_num_threads(1)
+    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
