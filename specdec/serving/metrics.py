@@ -107,6 +107,19 @@ def serve_metrics(port: int, host: str = "0.0.0.0") -> Callable[[], None]:
     return stop
 
 
+def init_gateway_series(model_name: str) -> None:
+    """Expose the gateway's counters and gauges at 0 before their first event (Prometheus practice: a
+    series that appears only with its first increment hides that increment from rate())."""
+    labels = ("gateway", model_name)
+    for metric in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, PROMPT_TOKENS, GENERATION_TOKENS,
+                   REQUESTS_RUNNING, REQUESTS_WAITING):
+        metric.labels(*labels)
+    for reason in ("stop", "length"):
+        REQUEST_SUCCESS.labels(*labels, reason)
+    for phase in ("propose", "verify"):
+        HISTORY_RESENDS.labels(*labels, phase)
+
+
 class SequenceMetrics:
     """One output sequence's life at the gateway: waiting, running, rounds, finish."""
 
@@ -176,6 +189,8 @@ class ServiceMetrics:
 
     def __init__(self, service: str, model_name: str):
         self.labels = (service, model_name)
+        SEQUENCES_EXPIRED.labels(*self.labels)  # exposed at 0 from the start
+        CACHE_MISSES.labels(*self.labels)
 
     def batch(self, queue_waits: list[float], seconds: float) -> None:
         BATCH_SIZE.labels(*self.labels).observe(len(queue_waits))
