@@ -35,6 +35,9 @@ class ServeConfig:
     max_batch_size: int = field(default=16, metadata={"help": "sequences per batched forward pass"})
     num_threads: int = field(default=0, metadata={"help": "CPU threads of the forward passes (0: all cores); draft and "
                                                    "target take turns on one compute thread"})
+    metrics_port: int | None = field(default=None, metadata={"help": "also serve Prometheus /metrics on this port (the "
+                                                                     "HTTP port serves it anyway)"})
+    log_requests: bool = field(default=False, metadata={"help": "include the prompt text in the per-request log line"})
     speculative_model: str | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
     num_speculative_tokens: int | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
 
@@ -111,6 +114,7 @@ def start_stack(cfg: ServeConfig) -> Stack:
             num_speculative_tokens=spec.num_speculative_tokens if spec else 1,
             draft_sample_method=spec.draft_sample_method if spec else "greedy",
             use_heterogeneous_vocab=spec.use_heterogeneous_vocab if spec else False,
+            metrics_port=cfg.metrics_port, log_requests=cfg.log_requests,
         ))
     except BaseException:
         for h in (draft, target):

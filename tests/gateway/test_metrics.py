@@ -156,3 +156,31 @@ def test_services_alone_serve_their_own_metrics(servers, target_dir, good_draft_
             assert total(samples, "specdec_batch_size_count", service=service, model_name=model) >= 2  # warm-up + 1
             assert total(samples, "specdec_build_info", service=service, model_name=model, dtype="float32") == 1
     assert M.exposition()  # the same registry, in-process
+
+
+def test_one_log_line_per_finished_sequence_without_the_prompt(stack, model, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="specdec.requests")
+    client = openai_client(stack)
+    client.completions.create(model=model, prompt="a secret prompt", max_tokens=6, temperature=0, n=2)
+    client.close()
+    records = [r for r in caplog.records if r.name == "specdec.requests"]
+    assert len(records) == 2
+    for r in records:
+        assert r.generated_tokens == 6 and r.finish_reason == "length" and r.prompt_tokens > 0
+        assert 0.0 <= r.acceptance_rate <= 1.0 and 0 < r.ttft_seconds <= r.e2e_seconds
+        assert "secret" not in r.getMessage() and not hasattr(r, "prompt")
+
+
+def test_log_requests_adds_the_prompt(servers, target_dir, good_draft_dir, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="specdec.requests")
+    target, draft = servers.target(target_dir), servers.draft(good_draft_dir)
+    gateway = servers.gateway(target, draft, log_requests=True)
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        collect(generation_service_pb2_grpc.GenerationServiceStub(channel).Generate(
+            generate_request("The quick brown fox", max_tokens=4), timeout=60))
+    (record,) = [r for r in caplog.records if r.name == "specdec.requests"]
+    assert "quick brown fox" in record.prompt
