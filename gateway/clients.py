@@ -45,6 +45,9 @@ class _RemoteBackend:
         self._held: dict[str, int] = {}  # sequence id -> committed tokens the service holds
         self._lock = threading.Lock()
         self._deadlines: dict[str, float] = {}  # sequence id -> the request's deadline (monotonic)
+        self.call_timeout: float | None = None  # a deadline of each call of its own (the draft's, with fallback)
+        self.stop_retrying: Callable[[], bool] = lambda: False  # e.g. the target is known down
+        self.on_unavailable: Callable[[], None] = lambda: None  # called when retries ran out
 
     def set_deadline(self, sequence_id: str, deadline: float | None) -> None:
         """Propagate the client's deadline: every call for this sequence gets the time left."""
@@ -52,13 +55,14 @@ class _RemoteBackend:
             self._deadlines[sequence_id] = deadline
 
     def _timeout(self, sequence_id: str) -> float | None:
+        """The call's timeout: what is left of the request's deadline, capped by ``call_timeout``."""
         deadline = self._deadlines.get(sequence_id)
         if deadline is None:
-            return None
+            return self.call_timeout
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceededError(f"{self.role} service: the request's deadline passed")
-        return remaining
+        return remaining if self.call_timeout is None else min(remaining, self.call_timeout)
 
     def _call(self, rpc, make_request: Callable[[int, list[int]], object], sequence_id: str, token_ids: list[int]):
         with self._lock:
@@ -83,11 +87,12 @@ class _RemoteBackend:
                     HISTORY_RESENDS.labels("gateway", self.model_name, self.phase).inc()
                     start = 0
                     continue
-                if type(error) is BackendUnavailableError and err.code() == grpc.StatusCode.UNAVAILABLE \
-                        and time.monotonic() < give_up:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                    continue
+                if type(error) is BackendUnavailableError and err.code() == grpc.StatusCode.UNAVAILABLE:
+                    if time.monotonic() < give_up and not self.stop_retrying():
+                        time.sleep(delay)
+                        delay = min(delay * 2, 1.0)
+                        continue
+                    self.on_unavailable()
                 raise error from None
 
     def release(self, sequence_id: str) -> None:

@@ -26,7 +26,23 @@ class GatewayConfig:
     tokenizer: str | None = field(default=None, metadata={"help": "target tokenizer (default: the target's model name)"})
     backend_timeout_seconds: float = field(default=60.0, metadata={"help": "how long a backend call may retry an unavailable service"})
     startup_timeout_seconds: float = field(default=600.0, metadata={"help": "how long to wait for the backends at start-up"})
-    max_concurrent_requests: int = field(default=64, metadata={"help": "streams served at once"})
+    max_concurrent_requests: int = field(default=64, metadata={"help": "sequences generating at once (a request "
+                                                                       "with n outputs counts n)"})
+    max_queue_len: int = field(default=256, metadata={"help": "sequences waiting for a slot; past that a request is "
+                                                              "refused at once (HTTP 429 / RESOURCE_EXHAUSTED)"})
+    max_queue_time_seconds: float | None = field(default=60.0, metadata={"help": "longest wait for a slot before the "
+                                                                                 "request is refused (none: no limit)"})
+    max_n: int = field(default=16, metadata={"help": "most outputs (n) one request may ask for"})
+    max_request_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest HTTP request body"})
+    draft_fallback: bool = field(default=True, metadata={"help": "when the draft fails or times out, verify without "
+                                                                 "drafts instead of failing (--no-draft-fallback: fail)"})
+    draft_timeout_ms: float | None = field(default=None, metadata={"help": "deadline of one Propose call with the "
+                                                                             "fallback on (none: 5x the slowest recent "
+                                                                             "call, at least 2 s)"})
+    draft_breaker_failures: int = field(default=3, metadata={"help": "consecutive draft failures that open the circuit "
+                                                                     "breaker (rounds then skip the draft)"})
+    draft_breaker_reset_seconds: float = field(default=5.0, metadata={"help": "how long the breaker stays open before "
+                                                                              "one probe call tries the draft again"})
     metrics_port: int | None = field(default=None, metadata={"help": "serve Prometheus /metrics on this HTTP port too "
                                                                      "(none: only on --http-port, if set; 0: any free port)"})
     log_requests: bool = field(default=False, metadata={"help": "include the prompt text in the per-request log line"})

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gateway.clients import RemoteDraft, RemoteTarget
 from gateway.config import GatewayConfig
+from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, TargetHealth
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
 from specdec.proposal import check_num_speculative_tokens
@@ -16,6 +18,7 @@ from specdec.errors import ConfigError, InvalidRequestError
 from specdec.models import load_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
+from specdec.serving import metrics
 from specdec.serving.metrics import SequenceMetrics, init_gateway_series, set_build_info
 
 logger = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class Gateway:
         self.target = RemoteTarget(config.target_addr, config.backend_timeout_seconds)
         self.draft = (RemoteDraft(config.draft_addr, config.draft_sample_method, config.backend_timeout_seconds)
                       if config.draft_addr else None)
+        self.admission = Admission(config.max_concurrent_requests, config.max_queue_len, config.max_queue_time_seconds)
         try:
             self.target_info = self.target.get_info(config.startup_timeout_seconds)
             self.draft_info = self.draft.get_info(config.startup_timeout_seconds) if self.draft else None
@@ -57,6 +61,17 @@ class Gateway:
             if client is not None:
                 client.model_name = self.served_model_name
         init_gateway_series(self.served_model_name)
+        name = self.served_model_name
+        self.target_health = TargetHealth(self.target, on_change=lambda up: metrics.target_available(name, up))
+        self.target.on_unavailable = self.target_health.mark_down
+        self.target.stop_retrying = lambda: self.target_health.down
+        if self.draft is not None and config.draft_fallback:
+            # fail fast and carry on without drafts, rather than wait out retries of a draft that is gone
+            self.draft.retry_seconds = 0.0
+            breaker = CircuitBreaker(config.draft_breaker_failures, config.draft_breaker_reset_seconds,
+                                     on_change=lambda old, new: metrics.breaker_changed(name, old, new))
+            timeout = None if config.draft_timeout_ms is None else config.draft_timeout_ms / 1000
+            self.draft = FallbackDraft(self.draft, breaker, name, timeout)
         set_build_info("gateway", self.served_model_name, num_speculative_tokens=config.num_speculative_tokens
                        if self.draft else 0, method="draft_model" if self.draft else "target_only")
 
@@ -104,8 +119,18 @@ class Gateway:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
+        room = self.max_model_len - len(prompt_token_ids)
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise InvalidRequestError(
+                f"max_tokens={params.max_tokens} is more than the context leaves: max_model_len is "
+                f"{self.max_model_len} and the prompt has {len(prompt_token_ids)} tokens, so at most {room} can be "
+                "generated; lower max_tokens or shorten the prompt", param="max_tokens")
+        self.target_health.check()  # 503 at once while the target is known down
+        self.admission.reserve(1)  # 429 at once when the queue is full
         seq = SequenceState(prompt_token_ids=list(prompt_token_ids), params=params, tokenizer=self.tokenizer,
                             eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
+        # the reservation goes back if the sequence is dropped without being streamed
+        seq.admission_ticket = weakref.finalize(seq, self.admission.cancel)
         if request_id:
             seq.sequence_id = f"{request_id}-{seq.sequence_id[:8]}"
         return seq
@@ -121,38 +146,51 @@ class Gateway:
         """Run the loop; yield what each round added. Closing the iterator, or ``cancelled()``
         turning true (checked every round), stops it and releases both services' caches."""
         k = self.resolve_k(k)
+        # a request's prompt counts once, with its first output (as in usage.prompt_tokens)
+        seq_metrics = SequenceMetrics(self.served_model_name, seq.arrival_time,
+                                      len(seq.prompt_token_ids) if seq.output_index == 0 else 0)
+        try:
+            self._start(seq)  # waits for a running slot (up to max_queue_time_seconds)
+        except BaseException:
+            seq_metrics.closed()
+            raise
         for client in (self.target, self.draft):
             if client is not None:
                 client.set_deadline(seq.sequence_id, deadline)
         rounds = decode(self.draft, self.target, seq, k)
-        # a request's prompt counts once, with its first output (as in usage.prompt_tokens)
-        metrics = SequenceMetrics(self.served_model_name, seq.arrival_time,
-                                  len(seq.prompt_token_ids) if seq.output_index == 0 else 0)
         seen = 0
         try:
-            metrics.round_started()  # the first round starts now; the loop runs them back to back
+            seq_metrics.round_started()  # the first round starts now; the loop runs them back to back
             for text in rounds:
                 new_ids = seq.output_token_ids[seen:]
                 seen = len(seq.output_token_ids)
-                metrics.round_done(seq.stats, len(new_ids))
+                seq_metrics.round_done(seq.stats, len(new_ids))
                 if seq.finished:
-                    metrics.finished(seq.finish_reason, len(seq.output_token_ids))
-                    self._log_finished(seq, metrics)
+                    seq_metrics.finished(seq.finish_reason, len(seq.output_token_ids))
+                    self._log_finished(seq, seq_metrics)
                 if cancelled is not None and cancelled():
                     break
                 yield Delta(text, new_ids, seq.finished)
         finally:
             rounds.close()
-            metrics.closed()
+            seq_metrics.closed()
+            self.admission.finish()
 
-    def _log_finished(self, seq: SequenceState, metrics: SequenceMetrics) -> None:
+    def _start(self, seq: SequenceState) -> None:
+        """Turn the sequence's reservation (taken by new_sequence) into a running slot."""
+        ticket = getattr(seq, "admission_ticket", None)
+        if ticket is None or ticket.detach() is None:
+            self.admission.reserve(1)  # not made by new_sequence (or already given back)
+        self.admission.start()
+
+    def _log_finished(self, seq: SequenceState, seq_metrics: SequenceMetrics) -> None:
         """One structured line per finished sequence (the prompt's text only with --log-requests)."""
         s = seq.stats
         fields = {"request_id": seq.sequence_id, "prompt_tokens": len(seq.prompt_token_ids),
                   "generated_tokens": len(seq.output_token_ids), "finish_reason": seq.finish_reason,
                   "num_draft_tokens": s.num_draft_tokens, "num_accepted_tokens": s.num_accepted_tokens,
-                  "acceptance_rate": round(s.acceptance_rate, 4), "ttft_seconds": round(metrics.ttft or 0.0, 6),
-                  "e2e_seconds": round(metrics.e2e or 0.0, 6)}
+                  "acceptance_rate": round(s.acceptance_rate, 4), "ttft_seconds": round(seq_metrics.ttft or 0.0, 6),
+                  "e2e_seconds": round(seq_metrics.e2e or 0.0, 6)}
         if self.config.log_requests:
             fields["prompt"] = self.tokenizer.decode(seq.prompt_token_ids)
         request_log.info("request %s finished (%s): %d prompt + %d generated tokens, acceptance %.2f, ttft %.3f s, "
@@ -169,6 +207,8 @@ class Gateway:
         return problems
 
     def close(self) -> None:
+        if hasattr(self, "target_health"):
+            self.target_health.close()
         self.target.close()
         if self.draft:
             self.draft.close()

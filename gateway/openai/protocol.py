@@ -107,9 +107,14 @@ def domain_error_body(exc: BaseException) -> tuple[int, dict]:
     return status, body
 
 
+RETRY_AFTER_SECONDS = {429: 1, 503: 5}  # what a client told to come back should wait
+
+
 def domain_error_response(exc: BaseException) -> JSONResponse:
     status, body = domain_error_body(exc)
-    return JSONResponse(status_code=status, content=body)
+    retry = RETRY_AFTER_SECONDS.get(status)
+    return JSONResponse(status_code=status, content=body,
+                        headers={"Retry-After": str(retry)} if retry is not None else None)
 
 
 def stream_error(exc: BaseException, model_name: str) -> dict:

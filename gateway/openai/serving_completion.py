@@ -15,14 +15,22 @@ from specdec.errors import InvalidRequestError
 from specdec.sequence import SequenceState
 
 
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+
+
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, body: CompletionRequest, request: Request):
         """The response body (a dict), or an SSE stream when ``stream`` is set. Each prompt has n
         outputs, in order: output i belongs to prompt i // n."""
         self.check_request(body)
         prompts = self.prompt_ids(body.prompt)
-        params = body.to_sampling_params(body.max_tokens or 16)
-        seqs = [self.new_sequence(ids, params, i) for ids in prompts for i in range(body.n)]
+        params = body.to_sampling_params(body.max_tokens)
+        if body.max_tokens is None:  # OpenAI's default of 16, or what the context leaves if that is less
+            seqs = [self.new_sequence(ids, params.clone(max_tokens=max(1, min(DEFAULT_MAX_TOKENS,
+                                                                            self.gateway.max_model_len - len(ids)))), i)
+                    for ids in prompts for i in range(body.n)]
+        else:
+            seqs = [self.new_sequence(ids, params, i) for ids in prompts for i in range(body.n)]
         texts = [self.gateway.tokenizer.decode(ids) for ids in prompts] if body.echo else None
         rid = f"cmpl-{uuid.uuid4().hex}"
         k = body.num_speculative_tokens

@@ -77,6 +77,15 @@ SEQUENCES_EXPIRED = Counter("specdec_sequences_expired", "Idle sequences release
                             "(sequence_ttl_seconds).", LABELS)
 CACHE_MISSES = Counter("specdec_cache_misses", "Calls a service answered NOT_FOUND (it did not hold the history "
                        "the call builds on): the gateway resends.", LABELS)
+# -- faults and load (gateway) ----------------------------------------------------------------------
+DRAFT_BREAKER_STATE = Gauge("specdec_draft_breaker_state", "The draft's circuit breaker: 0 closed (drafting), "
+                            "1 half-open (probing), 2 open (verifying without drafts).", LABELS)
+DRAFT_BREAKER_TRANSITIONS = Counter("specdec_draft_breaker_transitions", "Circuit breaker state changes.",
+                                    (*LABELS, "from_state", "to_state"))
+ROUNDS_WITHOUT_DRAFT = Counter("specdec_rounds_without_draft", "Rounds verified with no drafts because the draft "
+                               "failed or its breaker was open.", (*LABELS, "reason"))
+TARGET_AVAILABLE = Gauge("specdec_target_available", "1 while the target serves, 0 while it is known down "
+                         "(new requests are refused with 503).", LABELS)
 BUILD_INFO = Gauge("specdec_build_info", "Always 1; the labels describe the running service.",
                    (*LABELS, "version", "dtype", "device", "num_speculative_tokens", "method"))
 
@@ -118,6 +127,10 @@ def init_gateway_series(model_name: str) -> None:
         REQUEST_SUCCESS.labels(*labels, reason)
     for phase in ("propose", "verify"):
         HISTORY_RESENDS.labels(*labels, phase)
+    for reason in ("draft_failed", "breaker_open"):
+        ROUNDS_WITHOUT_DRAFT.labels(*labels, reason)
+    DRAFT_BREAKER_STATE.labels(*labels).set(0)
+    TARGET_AVAILABLE.labels(*labels).set(1)
 
 
 class SequenceMetrics:
@@ -178,6 +191,22 @@ class SequenceMetrics:
             REQUESTS_WAITING.labels(*self.labels).dec()
         else:
             REQUESTS_RUNNING.labels(*self.labels).dec()
+
+
+_BREAKER_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def breaker_changed(model_name: str, old: str, new: str) -> None:
+    DRAFT_BREAKER_STATE.labels("gateway", model_name).set(_BREAKER_VALUES[new])
+    DRAFT_BREAKER_TRANSITIONS.labels("gateway", model_name, old, new).inc()
+
+
+def rounds_without_draft(model_name: str, reason: str) -> None:
+    ROUNDS_WITHOUT_DRAFT.labels("gateway", model_name, reason).inc()
+
+
+def target_available(model_name: str, up: bool) -> None:
+    TARGET_AVAILABLE.labels("gateway", model_name).set(1 if up else 0)
 
 
 def request_error(model_name: str, protocol: str, code: str | int) -> None:

@@ -71,5 +71,9 @@ def test_prompt_filling_max_model_len_minus_one_is_accepted(gen_stub, tokenizer)
     """The boundary: one free position is enough to generate one token (finish_reason length)."""
     ids = tokenizer(PROMPTS[0]).input_ids
     prompt = (ids * MAX_MODEL_LEN)[: MAX_MODEL_LEN - 1]
-    out = generate(gen_stub, generate_request(prompt_token_ids=prompt, max_tokens=50))
+    out = generate(gen_stub, generate_request(prompt_token_ids=prompt, max_tokens=None))
     assert len(out.token_ids) == 1 and out.last.completion_tokens == 1
+    # asking for more than that one position is refused up front, naming max_tokens and the limit
+    err = rpc_error(lambda: generate(gen_stub, generate_request(prompt_token_ids=prompt, max_tokens=50)))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_tokens=50" in err.details() and "at most 1" in err.details()

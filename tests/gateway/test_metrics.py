@@ -10,7 +10,7 @@ import pytest
 
 from specdec.serving import metrics as M
 from specdec.v1 import generation_service_pb2_grpc
-from tests.gateway.openai.http_helpers import KEY, PROMPTS, base_url, openai_client, raw_client, serve, stream_texts
+from tests.gateway.openai.http_helpers import K, KEY, PROMPTS, base_url, openai_client, raw_client, serve, stream_texts
 from tests.metrics_helpers import delta, promtool_problems, scrape, total
 from tests.services_conftest_helpers import collect, generate_request
 
@@ -108,7 +108,8 @@ def test_counters_agree_with_usage(stack, model):
     assert verify_calls >= sequences
     assert delta(after, before, "specdec_batch_size_count", service="target") >= 1
     assert delta(after, before, "specdec_forward_pass_seconds_count", service="draft") >= 1
-    assert total(after, "specdec_build_info", service="gateway", model_name=model, method="draft_model") == 1
+    assert total(after, "specdec_build_info", service="gateway", model_name=model, method="draft_model",
+                 num_speculative_tokens=str(K)) == 1
     assert "specdec_sequences_cached" in text and "process_cpu_seconds_total" in text
     assert promtool_problems(text) == ""
 

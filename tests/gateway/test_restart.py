@@ -100,9 +100,10 @@ def test_restart_draft_then_target_mid_stream(restartable, servers, target_dir, 
 
 
 def test_service_down_longer_than_retry_window_is_unavailable(restartable, servers, tokenizer):
-    """A draft that stays down: UNAVAILABLE with a message naming the draft, then recovery."""
+    """Without the draft fallback (--no-draft-fallback), a draft that stays down: UNAVAILABLE with a
+    message naming the draft, then recovery. (With the fallback, the default, see test_draft_outage.py.)"""
     st = restartable
-    gw = servers.gateway(st["target"], st["draft"], backend_timeout_seconds=0.5)
+    gw = servers.gateway(st["target"], st["draft"], backend_timeout_seconds=0.5, draft_fallback=False)
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.port}")
     stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
     try:

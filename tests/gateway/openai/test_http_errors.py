@@ -226,11 +226,18 @@ def test_prompt_over_max_model_len_is_400(client, model, http_stack):
 
 
 def test_prompt_just_under_max_model_len_generates_to_the_limit(client, model, http_stack):
+    """Without max_tokens, a prompt one token short of max_model_len gets the one token left; asking for
+    more than the context leaves is refused up front (400 naming max_tokens and the limit), as in vLLM."""
     max_len = http_stack.gateway.backend.max_model_len
-    resp = client.completions.create(model=model, prompt=[5] * (max_len - 1), max_tokens=50, temperature=0,
+    resp = client.completions.create(model=model, prompt=[5] * (max_len - 1), temperature=0,
                                      extra_body={"ignore_eos": True})
     assert resp.choices[0].finish_reason == "length"
     assert resp.usage.prompt_tokens == max_len - 1 and resp.usage.completion_tokens == 1
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model, prompt=[5] * (max_len - 1), max_tokens=50, temperature=0)
+    err = assert_error_body(info.value.response, 400, param="max_tokens")
+    assert "max_tokens=50" in err["message"] and f"max_model_len is {max_len}" in err["message"]
+    assert "at most 1" in err["message"]
 
 
 # -- unknown model / route / method -------------------------------------------------------------------------

@@ -53,13 +53,20 @@ def test_max_model_len_limits_prompt_and_output(open_stack, target_dir):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=model, messages=[{"role": "user", "content": "fox " * 80}],
                                            max_tokens=4)
-        # prompt + max_tokens beyond the limit: generation stops at max_model_len
+        # prompt + max_tokens beyond the limit: refused up front, naming max_tokens and the limit
         ids = [5] * 50
-        resp = client.completions.create(model=model, prompt=ids, max_tokens=1000, temperature=0,
+        for max_tokens in (1000, MAX_LEN - 50 + 1):
+            with pytest.raises(openai.BadRequestError) as info:
+                client.completions.create(model=model, prompt=ids, max_tokens=max_tokens, temperature=0)
+            err = assert_error_body(info.value.response, 400, param="max_tokens")
+            assert str(MAX_LEN) in err["message"] and f"at most {MAX_LEN - 50}" in err["message"]
+        # exactly what the context leaves: generation stops at max_model_len
+        resp = client.completions.create(model=model, prompt=ids, max_tokens=MAX_LEN - 50, temperature=0,
                                          extra_body={"ignore_eos": True})
         assert resp.choices[0].finish_reason == "length"
         assert resp.usage.prompt_tokens == 50 and resp.usage.completion_tokens == MAX_LEN - 50
-        resp = client.completions.create(model=model, prompt=[5] * (MAX_LEN - 1), max_tokens=8, temperature=0,
+        # chat without max_tokens: up to the limit
+        resp = client.completions.create(model=model, prompt=[5] * (MAX_LEN - 1), temperature=0,
                                          extra_body={"ignore_eos": True})
         assert resp.usage.completion_tokens == 1 and resp.choices[0].finish_reason == "length"
     wait_released(open_stack)
