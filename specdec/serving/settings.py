@@ -71,8 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
             # value errors there, naming the variable, without breaking the other subcommands.
             default = os.environ[env]
         help_text = f.metadata.get("help", "")
+        flag = "--" + f.name.replace("_", "-")
+        if tp is bool:  # vLLM's style: --x / --no-x (``--x false`` still works)
+            parser.add_argument(flag, dest=f.name, type=convert, nargs="?", const=True, default=default,
+                                metavar="BOOL", help=f"{help_text} (env {env}; default {default!r})".replace("%", "%%"))
+            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
+                                help=f"the opposite of {flag}")
+            continue
         parser.add_argument(
-            "--" + f.name.replace("_", "-"),
+            flag,
             dest=f.name,
             type=convert,
             default=default,

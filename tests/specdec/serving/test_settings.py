@@ -162,3 +162,35 @@ def test_help_survives_a_percent_sign_in_an_env_value(monkeypatch):
     settings.add_arguments(parser, GatewayConfig, GATEWAY_PREFIX)
     assert settings.from_args(GatewayConfig, parser.parse_args([])).tokenizer == "/models/tok%20v2"
     assert "SPECDEC_GATEWAY_TOKENIZER" in parser.format_help()
+
+
+def test_boolean_flags_take_the_vllm_form():
+    """--x sets a boolean, --no-x clears it, --x false still works, and the env var is the default."""
+    import argparse
+    import dataclasses
+
+    from specdec.serving import settings
+
+    @dataclasses.dataclass
+    class Cfg:
+        draft_fallback: bool = True
+        use_heterogeneous_vocab: bool = False
+
+    def parse(argv, env=None):
+        import os
+
+        old = dict(os.environ)
+        os.environ.update(env or {})
+        try:
+            p = argparse.ArgumentParser()
+            settings.add_arguments(p, Cfg, "SPECDEC_TEST")
+            return settings.from_args(Cfg, p.parse_args(argv))
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+
+    assert parse([]) == Cfg(True, False)
+    assert parse(["--no-draft-fallback", "--use-heterogeneous-vocab"]) == Cfg(False, True)
+    assert parse(["--draft-fallback", "false", "--use-heterogeneous-vocab", "true"]) == Cfg(False, True)
+    assert parse([], {"SPECDEC_TEST_DRAFT_FALLBACK": "false"}) == Cfg(False, False)
+    assert parse(["--draft-fallback"], {"SPECDEC_TEST_DRAFT_FALLBACK": "false"}) == Cfg(True, False)
