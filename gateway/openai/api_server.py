@@ -39,13 +39,20 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
     completion = OpenAIServingCompletion(gateway, model_name, request_timeout)
     chat = OpenAIServingChat(gateway, model_name, request_timeout)
 
+    max_body = gateway.config.max_request_body_bytes
+
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
         if not request.url.path.startswith("/v1/"):
             return await call_next(request)
+        length = request.headers.get("content-length", "")
         if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
             response = domain_error_response(
                 AuthenticationError("invalid or missing API key: send 'Authorization: Bearer <key>'"))
+        elif (length.isdigit() and int(length) > max_body) or "chunked" in request.headers.get("transfer-encoding", ""):
+            response = error_response(413, f"the request body is larger than this server's limit of {max_body} bytes "
+                                      "(--max-request-body-bytes), or not sent with a Content-Length",
+                                      "invalid_request_error", code="request_too_large")
         else:
             response = await call_next(request)
         if response.status_code >= 400:

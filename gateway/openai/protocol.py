@@ -34,7 +34,8 @@ class OpenAIRequest(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1, lt=2**31)  # extension (vLLM's)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1)  # at most the gateway's --max-n (checked with the request)
+    best_of: int | None = Field(default=None, ge=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None

@@ -10,6 +10,10 @@ from specdec.seeding import output_seed
 from specdec.sequence import SequenceState
 
 
+MAX_STOP_SEQUENCES = 16  # OpenAI allows 4; vLLM sets no limit
+MAX_STOP_LENGTH = 1024  # characters of one stop string
+
+
 class OpenAIServing:
     def __init__(self, gateway: Gateway, model_name: str, request_timeout: float | None = None):
         self.gateway = gateway
@@ -24,6 +28,17 @@ class OpenAIServing:
             if getattr(body, name):
                 raise InvalidRequestError(f"{name} is not supported (only 0)", param=name)
         self.gateway.resolve_k(body.num_speculative_tokens)  # a bad k is a 400 before any stream starts
+        max_n = self.gateway.config.max_n
+        if body.n > max_n:
+            raise InvalidRequestError(f"n={body.n} is above this server's limit of {max_n} outputs per request "
+                                      "(--max-n)", param="n")
+        if body.best_of is not None and body.best_of != body.n:
+            raise InvalidRequestError("best_of is not supported (only best_of equal to n, or unset)", param="best_of")
+        stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        if len(stops) > MAX_STOP_SEQUENCES or any(len(s) > MAX_STOP_LENGTH for s in stops):
+            raise InvalidRequestError(f"stop takes at most {MAX_STOP_SEQUENCES} strings of at most {MAX_STOP_LENGTH} "
+                                      f"characters each, got {len(stops)} (longest {max(map(len, stops))})",
+                                      param="stop")
         if body.logprobs not in (None, False, 0):
             raise InvalidRequestError("logprobs are not supported", param="logprobs")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from gateway.config import GatewayConfig
 from specdec import errors
 from specdec.errors import DOMAIN_ERRORS, SpecDecError, error_from_code
 from specdec.serving.grpc_errors import ERROR_CLASS_KEY, error_from_rpc, map_errors
@@ -73,6 +74,7 @@ class _RaisingGateway:
     model_name = "m"
     max_model_len = 64
     error: BaseException | None = None
+    config = GatewayConfig()
 
     def resolve_k(self, k):
         raise self.error
