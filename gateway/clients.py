@@ -95,6 +95,12 @@ class _RemoteBackend:
                     self.on_unavailable()
                 raise error from None
 
+    def forget(self, sequence_id: str) -> None:
+        """Drop what this client knows of the sequence, without a call (the service is gone)."""
+        with self._lock:
+            self._held.pop(sequence_id, None)
+            self._deadlines.pop(sequence_id, None)
+
     def release(self, sequence_id: str) -> None:
         with self._lock:
             held = self._held.pop(sequence_id, None)

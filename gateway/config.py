@@ -11,8 +11,11 @@ ENV_PREFIX = "SPECDEC_GATEWAY"
 
 @dataclass
 class GatewayConfig:
-    draft_addr: str | None = field(default="localhost:50051", metadata={"help": "draft service host:port (none: target alone)"})
-    target_addr: str = field(default="localhost:50052", metadata={"help": "target service host:port"})
+    draft_addr: str | None = field(default="localhost:50051", metadata={"help": "draft service host:port, several as "
+                                                                            "host:port,host:port, or dns:///NAME:PORT "
+                                                                            "(none: target alone)"})
+    target_addr: str = field(default="localhost:50052", metadata={"help": "target service host:port, several as "
+                                                                          "host:port,host:port, or dns:///NAME:PORT"})
     host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
     port: int = field(default=50050, metadata={"help": "gRPC port of GenerationService (0: any free port)"})
     http_port: int | None = field(default=None, metadata={"help": "OpenAI-compatible HTTP port (none: no HTTP; 0: any free port)"})

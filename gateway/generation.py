@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gateway.clients import RemoteDraft, RemoteTarget
 from gateway.config import GatewayConfig
+from gateway.replicas import ReplicaSet, is_replica_spec
 from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, TargetHealth
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
@@ -40,8 +41,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig):
         check_num_speculative_tokens(config.num_speculative_tokens)
         self.config = config
-        self.target = RemoteTarget(config.target_addr, config.backend_timeout_seconds)
-        self.draft = (RemoteDraft(config.draft_addr, config.draft_sample_method, config.backend_timeout_seconds)
+        timeout = config.backend_timeout_seconds
+        self.target = _client(config.target_addr, lambda addr: RemoteTarget(addr, timeout))
+        self.draft = (_client(config.draft_addr, lambda addr: RemoteDraft(addr, config.draft_sample_method, timeout))
                       if config.draft_addr else None)
         self.admission = Admission(config.max_concurrent_requests, config.max_queue_len, config.max_queue_time_seconds)
         try:
@@ -212,6 +214,11 @@ class Gateway:
         self.target.close()
         if self.draft:
             self.draft.close()
+
+
+def _client(spec: str, make):
+    """One backend client, or a ReplicaSet when the address names several replicas."""
+    return ReplicaSet(spec, make) if is_replica_spec(spec) else make(spec)
 
 
 def deadline_from_timeout(timeout: float | None) -> float | None:
