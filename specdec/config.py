@@ -13,7 +13,7 @@ from specdec.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_METHODS = ("draft_model",)
+SUPPORTED_METHODS = ("draft_model", "ngram")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts become target ids
 
@@ -30,7 +30,7 @@ DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 1
 class SpeculativeConfig:
     """vLLM's ``speculative_config`` keys for draft-model speculation."""
 
-    model: str
+    model: str | None = None  # the draft model (method "draft_model"); none for "ngram"
     method: str = "draft_model"
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     use_heterogeneous_vocab: bool = False
@@ -40,6 +40,22 @@ class SpeculativeConfig:
     tli_proposals: str = "text"
     max_model_len: int | None = None
     revision: str | None = None
+    # N-gram lookup (vLLM's keys): method "ngram" drafts only by lookup; "draft_model" with
+    # prompt_lookup_max set is hybrid: a lookup match proposes, else the draft model does.
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+    @property
+    def uses_lookup(self) -> bool:
+        return self.method == "ngram" or self.prompt_lookup_max is not None
+
+    def lookup_range(self) -> tuple[int, int]:
+        """(prompt_lookup_min, prompt_lookup_max) with the defaults filled in."""
+        from specdec.ngram import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
+
+        high = self.prompt_lookup_max if self.prompt_lookup_max is not None else DEFAULT_PROMPT_LOOKUP_MAX
+        low = self.prompt_lookup_min if self.prompt_lookup_min is not None else min(DEFAULT_PROMPT_LOOKUP_MIN, high)
+        return low, high
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -62,8 +78,9 @@ class SpeculativeConfig:
             raise ConfigError(
                 f"unknown speculative_config key(s) {unknown}; valid keys are {cls.valid_keys()}"
             )
-        if "model" not in value or not value["model"]:
-            raise ConfigError("speculative_config needs 'model': the draft model (name, folder, .gguf or hub id)")
+        if value.get("method", "draft_model") != "ngram" and not value.get("model"):
+            raise ConfigError("speculative_config needs 'model': the draft model (name, folder, .gguf or hub id), "
+                              "or \"method\": \"ngram\" for n-gram lookup without a model")
         cfg = cls(**value)
         cfg.validate()
         return cfg
@@ -85,6 +102,12 @@ class SpeculativeConfig:
             raise ConfigError("use_heterogeneous_vocab must be true or false")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if self.uses_lookup:
+            from specdec.ngram import check_lookup
+
+            check_lookup(*self.lookup_range())
+        elif self.prompt_lookup_min is not None:
+            raise ConfigError("prompt_lookup_min needs prompt_lookup_max (or \"method\": \"ngram\")")
 
 
 def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draft_name: str, cfg: SpeculativeConfig) -> bool:

@@ -13,6 +13,7 @@ from specdec.runner import ModelRunner
 from specdec.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
 from specdec.models import LoadedModel, load_model, model_max_len
+from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
 from specdec.seeding import output_seed
@@ -79,8 +80,13 @@ class LLM:
         self.draft: LoadedModel | None = None
         self._draft_worker: DraftWorker | None = None
         self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target"))
-        if self.speculative_config is not None:
-            cfg = self.speculative_config
+        cfg = self.speculative_config
+        if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
+            if cfg.max_model_len is not None:
+                self.max_model_len = min(self.max_model_len, cfg.max_model_len)
+                self._target_worker.runner.max_model_len = self.max_model_len
+            self._draft_worker = NgramWorker(NgramStore(*cfg.lookup_range()))
+        elif cfg is not None:
             self.draft = load_model(cfg.model, dtype=draft_dtype or dtype, device=device, revision=cfg.revision)
             heterogeneous = check_vocab_compatible(
                 self.target.tokenizer_fingerprint, self.draft.tokenizer_fingerprint, self.target.name, cfg.model, cfg
@@ -100,12 +106,14 @@ class LLM:
             draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
                                        logits_vocab_size=None if tli else self.target.vocab_size)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
+            if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
+                self._draft_worker = HybridDraftWorker(self._draft_worker, NgramStore(*cfg.lookup_range()))
 
     @property
     def token_id_limit(self) -> int:
         """Valid token ids are below this: the tokenizer's size, and both models' embeddings."""
         limits = [self.target.vocab_size, len(self.target.tokenizer)]
-        if self.draft is not None and self._draft_worker.tli is None:
+        if self.draft is not None and getattr(self._draft_worker, "tli", None) is None:
             limits.append(self.draft.vocab_size)
         return min(limits)
 

@@ -1,0 +1,191 @@
+"""N-gram drafting (vLLM's ``method: "ngram"``, prompt lookup): propose the tokens that followed the most
+recent earlier occurrence of the sequence's last n tokens, n from ``prompt_lookup_max`` down to
+``prompt_lookup_min``, in prompt + output.
+
+No model: a sequence's history is its own draft. Each sequence keeps an index per n (n-gram → the
+position after its latest occurrence) that grows by one entry per n for each committed token, so a
+round costs a few dictionary look-ups, never a rescan of the history. Proposals carry no q (the target
+accepts a draft token with probability p(x)), which keeps sampling lossless.
+
+``HybridDraftWorker`` tries the n-gram lookup first and asks the draft model only for the sequences
+without a match.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
+from specdec.proposal import Proposal
+
+DEFAULT_PROMPT_LOOKUP_MAX = 4
+DEFAULT_PROMPT_LOOKUP_MIN = 2
+
+
+def check_lookup(prompt_lookup_min: int, prompt_lookup_max: int) -> None:
+    for name, value in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
+            raise ConfigError(f"{name} must be an integer in [1, 64], got {value!r}")
+    if prompt_lookup_min > prompt_lookup_max:
+        raise ConfigError(f"prompt_lookup_min ({prompt_lookup_min}) must not exceed prompt_lookup_max "
+                          f"({prompt_lookup_max})")
+
+
+class NgramIndex:
+    """The n-gram index of one token sequence, for n in [min_n, max_n]."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        # n -> {n-gram: position of the token that followed its latest occurrence}
+        self._after: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def extend(self, new_tokens: list[int]) -> None:
+        tokens = self.tokens
+        for token in new_tokens:
+            tokens.append(token)
+            end = len(tokens) - 1  # the n-grams ending just before this token are now followed by it
+            for n, table in self._after.items():
+                if end >= n:
+                    table[tuple(tokens[end - n:end])] = end
+
+    def sync(self, token_ids: list[int]) -> None:
+        """Index exactly ``token_ids``: extend when they continue what is indexed, else rebuild."""
+        n = len(self.tokens)
+        if len(token_ids) >= n and token_ids[:n] == self.tokens:
+            self.extend(token_ids[n:])
+            return
+        self.tokens = []
+        for table in self._after.values():
+            table.clear()
+        self.extend(token_ids)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+        tokens = self.tokens
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            pos = self._after[n].get(tuple(tokens[len(tokens) - n:]))
+            if pos is not None:
+                return tokens[pos:pos + k]
+        return []
+
+
+@dataclass
+class _NgramSequence:
+    index: NgramIndex
+    tokens: list[int] = field(default_factory=list)  # (the runner interface: what the service holds)
+    last_used: float = field(default_factory=time.monotonic)
+    vocab_state: dict = field(default_factory=dict)
+
+
+class NgramStore:
+    """Per-sequence indexes with the bookkeeping interface of a ModelRunner (services use either)."""
+
+    def __init__(self, min_n: int, max_n: int, max_sequences: int = 256, max_model_len: int = 1 << 20):
+        check_lookup(min_n, max_n)
+        self.min_n, self.max_n = min_n, max_n
+        self.max_sequences = max_sequences
+        self.max_model_len = max_model_len
+        self.sequences: dict[str, _NgramSequence] = {}
+        self.lock = threading.RLock()
+        self.role = "draft"
+
+    def get_or_create(self, sequence_id: str) -> _NgramSequence:
+        seq = self.sequences.get(sequence_id)
+        if seq is None:
+            if len(self.sequences) >= self.max_sequences:
+                raise ResourceExhaustedError(f"draft: {len(self.sequences)} sequences cached, the cap is "
+                                             f"{self.max_sequences}; release finished sequences or raise max_sequences")
+            seq = self.sequences[sequence_id] = _NgramSequence(NgramIndex(self.min_n, self.max_n))
+        seq.last_used = time.monotonic()
+        return seq
+
+    def get(self, sequence_id: str) -> _NgramSequence:
+        try:
+            return self.sequences[sequence_id]
+        except KeyError:
+            raise SequenceNotFoundError(f"draft: unknown sequence {sequence_id!r}") from None
+
+    def release(self, sequence_id: str) -> bool:
+        return self.sequences.pop(sequence_id, None) is not None
+
+    def __contains__(self, sequence_id: str) -> bool:
+        return sequence_id in self.sequences
+
+
+class NgramWorker:
+    """The draft worker interface (``propose`` / ``propose_batch`` / ``release``) over n-gram lookups."""
+
+    def __init__(self, store: NgramStore):
+        self.runner = store  # the name services and the LLM use for a worker's sequence store
+        self.tli = None
+
+    def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
+        (result,) = self.propose_batch([_Call(sequence_id, token_ids, num_speculative_tokens)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def lookup(self, call) -> Proposal:
+        if not call.token_ids:
+            raise InvalidRequestError("draft: the sequence is empty", param="prompt")
+        seq = self.runner.get_or_create(call.sequence_id)
+        seq.index.sync(call.token_ids)
+        seq.tokens = seq.index.tokens
+        return Proposal(seq.index.propose(call.num_speculative_tokens))
+
+    def propose_batch(self, calls: list) -> list[Proposal | SpecDecError]:
+        results: list[Proposal | SpecDecError] = []
+        with self.runner.lock:
+            for call in calls:
+                try:
+                    results.append(self.lookup(call))
+                except SpecDecError as exc:
+                    results.append(exc)
+        return results
+
+    def release(self, sequence_id: str) -> None:
+        with self.runner.lock:
+            self.runner.release(sequence_id)
+
+
+@dataclass
+class _Call:
+    sequence_id: str
+    token_ids: list[int]
+    num_speculative_tokens: int
+
+
+class HybridDraftWorker:
+    """N-gram lookup first; the draft model drafts for the sequences without a match."""
+
+    def __init__(self, model_worker, store: NgramStore):
+        self.model = model_worker
+        self.ngram = NgramWorker(store)
+        self.runner = model_worker.runner
+        self.tli = model_worker.tli
+
+    def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
+        from specdec.workers import ProposeCall
+
+        (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def propose_batch(self, calls: list) -> list[Proposal | SpecDecError]:
+        looked = self.ngram.propose_batch(calls)
+        results: list = list(looked)
+        need = [i for i, r in enumerate(looked) if isinstance(r, Proposal) and not r.draft_token_ids
+                and calls[i].num_speculative_tokens > 0]
+        if need:
+            for i, r in zip(need, self.model.propose_batch([calls[i] for i in need])):
+                results[i] = r
+        return results
+
+    def release(self, sequence_id: str) -> None:
+        self.ngram.release(sequence_id)
+        self.model.release(sequence_id)

@@ -1,0 +1,126 @@
+"""N-gram drafting: the index's proposals equal a brute-force search, greedy output with n-gram and
+hybrid drafting equals the target alone, and n-gram proposals keep sampling lossless (chi-square,
+with a negative control)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+import specdec.workers
+from specdec import LLM, SamplingParams
+from specdec.config import SpeculativeConfig
+from specdec.errors import ConfigError
+from specdec.ngram import NgramIndex, NgramStore, NgramWorker
+from specdec.sampling import process_logits
+from tests.broken_samplers import accept_always
+
+pytestmark = pytest.mark.usefixtures("cached_model_loading")
+
+
+def brute_force(tokens: list[int], k: int, low: int, high: int) -> list[int]:
+    for n in range(min(high, len(tokens)), low - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest earlier occurrence with a follower
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("low, high", [(1, 1), (1, 3), (2, 4), (3, 3)])
+def test_index_proposals_equal_a_brute_force_search(low, high):
+    rng = random.Random(low * 10 + high)
+    for trial in range(30):
+        vocab = rng.choice([3, 5, 20])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 80))]
+        index = NgramIndex(low, high)
+        # grown in random steps, as rounds commit tokens, and checked after each step
+        cut = 0
+        while cut < len(tokens):
+            cut = min(len(tokens), cut + rng.randrange(1, 5))
+            index.sync(tokens[:cut])
+            for k in (1, 3, 8):
+                assert index.propose(k) == brute_force(tokens[:cut], k, low, high), (tokens[:cut], k, low, high)
+    index.sync([1, 2, 3])  # a history that does not continue the indexed one: rebuilt
+    assert index.tokens == [1, 2, 3] and index.propose(2) == brute_force([1, 2, 3], 2, low, high)
+
+
+def test_lookup_config_is_checked():
+    assert SpeculativeConfig.from_any({"method": "ngram"}).lookup_range() == (2, 4)
+    assert SpeculativeConfig.from_any({"method": "ngram", "prompt_lookup_max": 1}).lookup_range() == (1, 1)
+    for bad in ({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2},
+                {"method": "ngram", "prompt_lookup_max": 0}, {"model": "d", "prompt_lookup_min": 2},
+                {"method": "draft_model"}):
+        with pytest.raises(ConfigError):
+            SpeculativeConfig.from_any(bad)
+
+
+REPEATING = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "ngram", "num_speculative_tokens": 4},
+    {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 1},
+    {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 3, "prompt_lookup_max": 5},
+])
+def test_ngram_greedy_equals_target_alone(target_dir, spec):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [REPEATING, "def f(x):\n    return x\n\ndef g(x):\n    return", "Hello"]
+    alone = LLM(str(target_dir), dtype="float32").generate(prompts, params)
+    llm = LLM(str(target_dir), speculative_config=spec, dtype="float32")
+    outs = llm.generate(prompts, params)
+    for ref, out in zip(alone, outs):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    stats = outs[0].spec_decode_stats
+    for out in outs[1:]:
+        stats.merge(out.spec_decode_stats)
+    # a random tiny model repeats itself: lookups match and get accepted
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0, stats.as_dict()
+
+
+def test_hybrid_greedy_equals_target_alone_and_uses_both(target_dir, good_draft_dir):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [REPEATING, "Hello"]
+    alone = LLM(str(target_dir), dtype="float32").generate(prompts, params)
+    spec = {"model": str(good_draft_dir), "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    llm = LLM(str(target_dir), speculative_config=spec, dtype="float32")
+    calls = Counter()
+    model_propose = llm._draft_worker.model.propose_batch
+    llm._draft_worker.model.propose_batch = lambda batch: (calls.update(model=len(batch)), model_propose(batch))[1]
+    outs = llm.generate(prompts, params)
+    for ref, out in zip(alone, outs):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    rounds = sum(o.spec_decode_stats.num_target_passes for o in outs)
+    assert 0 < calls["model"] < rounds, "hybrid drafting used only one of its two drafters"
+
+
+def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch):
+    """First emitted token after a prompt whose lookup always matches: with n-gram proposals (no q)
+    it follows p; accepting every proposal instead (the negative control) does not."""
+    from specdec.models import load_model
+
+    lm = load_model(str(target_dir), dtype="float32")
+    prompt = list(lm.tokenizer(REPEATING).input_ids)
+    import torch
+
+    with torch.inference_mode():
+        logits = lm.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    params = SamplingParams(temperature=1.0, top_k=8, max_tokens=2)  # 2: the first round may draft 1
+    p = process_logits(logits, params)
+    support = p.nonzero().squeeze(-1).tolist()
+    llm = LLM(str(target_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 2}, dtype="float32")
+    assert NgramWorker(NgramStore(2, 4)).propose("x", prompt, 2, params).draft_token_ids  # the lookup matches
+
+    def first_tokens(n: int) -> list[int]:
+        outs = llm.generate([{"prompt_token_ids": prompt}] * n, [params.clone(seed=s) for s in range(n)])
+        return [o.outputs[0].token_ids[0] for o in outs]
+
+    counts = Counter(first_tokens(600))
+    observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
+    assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) > 1e-3
+    monkeypatch.setattr(specdec.workers, "rejection_sample", accept_always)
+    counts = Counter(first_tokens(600))
+    observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
+    assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) < 1e-3
