@@ -72,7 +72,11 @@ def example(name: str) -> dict:
 EVERY_CONFIG = {
     "gateway": {"config": {"served_model_name": "my-model", "tokenizer": "smollm2-135m",
                            "request_timeout_seconds": 120, "backend_timeout_seconds": 30,
-                           "startup_timeout_seconds": 900, "max_concurrent_requests": 128, "log_requests": True}},
+                           "startup_timeout_seconds": 900, "max_concurrent_requests": 128, "log_requests": True,
+                           "max_queue_len": 64, "max_queue_time_seconds": 30, "max_n": 4,
+                           "max_request_body_bytes": 1048576, "draft_fallback": False, "draft_timeout_ms": 2500,
+                           "draft_breaker_failures": 5, "draft_breaker_reset_seconds": 10},
+                "readinessPath": "/health"},
     "draft": {"config": {"dtype": "bfloat16", "device": "cpu", "max_sequences": 512, "sequence_ttl_seconds": 300,
                          "max_batch_size": 32, "batch_wait_ms": 5, "num_threads": 3, "draft_top_n": 128}},
     "target": {"config": {"dtype": "float32", "device": "cpu", "revision": "main", "max_sequences": 100000000,
@@ -329,7 +333,8 @@ def test_probes_hit_container_ports(case):
             if role == "gateway":
                 assert probe["httpGet"]["port"] == "http"
                 assert ports["http"] == int(env["SPECDEC_GATEWAY_HTTP_PORT"])
-                assert probe["httpGet"]["path"] == ("/ready" if kind == "readinessProbe" else "/health")
+                ready = CASES[case].get("gateway", {}).get("readinessPath", "/ready")
+                assert probe["httpGet"]["path"] == (ready if kind == "readinessProbe" else "/health")
             else:
                 assert probe["grpc"]["port"] == ports["grpc"] == int(env[f"SPECDEC_{role.upper()}_PORT"])
         start = c["startupProbe"]
