@@ -423,6 +423,26 @@ def test_threads_follow_the_cpu_limit(cpu, threads):
     assert env_of(container(deployment))["SPECDEC_TARGET_NUM_THREADS"] == threads
 
 
+def test_gateway_waits_for_the_backends_names():
+    """The init container waits for exactly the names the gateway dials, and returns once they resolve."""
+    gateway = by_component({}, "Deployment")["gateway"]
+    (init,) = gateway["spec"]["template"]["spec"]["initContainers"]
+    env = env_of(container(gateway))
+    dialed = [env[f"SPECDEC_GATEWAY_{role}_ADDR"].removeprefix("dns:///").rsplit(":", 1)[0]
+              for role in ("DRAFT", "TARGET")]
+    assert env_of(init)["BACKENDS"].split() == dialed
+    assert init["image"] == container(gateway)["image"]
+    script = [sys.executable, *init["command"][1:], *init["args"]]
+    done = subprocess.run(script, env={**os.environ, "BACKENDS": "localhost 127.0.0.1"}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.count("resolved") == 2, done.stdout + done.stderr
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(script, env={**os.environ, "BACKENDS": "localhost no-such-backend.invalid"},
+                       capture_output=True, timeout=5)
+    assert "initContainers" not in by_component({"gateway": {"waitForBackends": False}}, "Deployment")[
+        "gateway"]["spec"]["template"]["spec"]
+
+
 def test_gpu_example_requests_gpus_and_cuda():
     values = CASES["gpu"]
     deployments = by_component(values, "Deployment")
@@ -501,10 +521,12 @@ def test_pods_are_locked_down(case):
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert pod["automountServiceAccountToken"] is False
         volumes = {v["name"]: v for v in pod["volumes"]}
-        for c in pod["containers"]:
+        for c in pod["containers"] + pod.get("initContainers", []):
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
             assert sc["capabilities"] == {"drop": ["ALL"]}
+            if c["name"] == "wait-for-backends":
+                continue  # writes nothing
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             assert "emptyDir" in volumes[mounts["/tmp"]]
             if c["name"] != "completion":

@@ -75,10 +75,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- default .Values.draft.model .Values.speculativeConfig.model }}
 {{- end }}
 
-{{/* dns:///<service>.<namespace>.svc.<domain>:<port>, the address the gateway dials (grpc's DNS
-     resolver sees every ready pod of the headless Service). Args: root, component, port. */}}
+{{/* <service>.<namespace>.svc.<domain> of a backend's headless Service. Args: root, component. */}}
+{{- define "specdec.backendHost" -}}
+{{- printf "%s.%s.svc.%s" (include "specdec.componentName" .) .root.Release.Namespace .root.Values.clusterDomain }}
+{{- end }}
+
+{{/* dns:///<host>:<port>, the address the gateway dials: it resolves the headless Service's name to
+     every ready pod (re-resolved every 30 s) and keeps each sequence on one of them.
+     Args: root, component, port. */}}
 {{- define "specdec.backendAddress" -}}
-{{- printf "dns:///%s.%s.svc.%s:%d" (include "specdec.componentName" (dict "root" .root "component" .component)) .root.Release.Namespace .root.Values.clusterDomain (int .port) }}
+{{- printf "dns:///%s:%d" (include "specdec.backendHost" .) (int .port) }}
 {{- end }}
 
 {{- define "specdec.apiKeySecretName" -}}
