@@ -1,0 +1,146 @@
+{{/* The Deployment of a draft or target service: one skeleton, as the services share one.
+     Args: root, role ("draft" | "target"). */}}
+{{- define "specdec.backendDeployment" -}}
+{{- $root := .root }}
+{{- $role := .role }}
+{{- $v := index $root.Values $role }}
+{{- $prefix := printf "SPECDEC_%s" (upper $role) }}
+{{- $spec := $root.Values.speculativeConfig }}
+{{- $ctx := dict "root" $root "component" $role }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "specdec.componentName" $ctx }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "specdec.componentLabels" $ctx | nindent 4 }}
+spec:
+  {{- if not (and (hasKey $v "autoscaling") $v.autoscaling.enabled) }}
+  replicas: {{ $v.replicaCount }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "specdec.componentSelectorLabels" $ctx | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "specdec.componentSelectorLabels" $ctx | nindent 8 }}
+        {{- with $v.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with $v.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "specdec.serviceAccountName" $root }}
+      automountServiceAccountToken: false
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      containers:
+        - name: {{ $role }}
+          image: {{ include "specdec.image" (dict "root" $root "values" $v) | quote }}
+          imagePullPolicy: {{ include "specdec.imagePullPolicy" (dict "root" $root "values" $v) }}
+          args:
+            - {{ $role }}-service
+            {{- range $v.extraArgs }}
+            - {{ . | quote }}
+            {{- end }}
+          env:
+            {{- include "specdec.commonEnv" $root | nindent 12 }}
+            - name: {{ $prefix }}_MODEL
+              value: {{ ternary (include "specdec.draftModel" $root) $v.model (eq $role "draft") | quote }}
+            - name: {{ $prefix }}_PORT
+              value: {{ include "specdec.envValue" $v.port }}
+            - name: {{ $prefix }}_METRICS_PORT
+              value: {{ include "specdec.envValue" $v.metricsPort }}
+            {{- with $spec.max_model_len }}
+            - name: {{ $prefix }}_MAX_MODEL_LEN
+              value: {{ include "specdec.envValue" . }}
+            {{- end }}
+            {{- if not (hasKey $v.config "num_threads") }}
+            {{- $cores := include "specdec.cores" (coalesce (dig "limits" "cpu" "" $v.resources) (dig "requests" "cpu" "" $v.resources)) }}
+            {{- if $cores }}
+            - name: {{ $prefix }}_NUM_THREADS
+              value: {{ $cores | quote }}
+            {{- end }}
+            {{- end }}
+            {{- if eq $role "draft" }}
+            - name: SPECDEC_DRAFT_DRAFT_SAMPLE_METHOD
+              value: {{ $spec.draft_sample_method | quote }}
+            - name: SPECDEC_DRAFT_TLI_PROPOSALS
+              value: {{ $spec.tli_proposals | quote }}
+            {{- if $spec.use_heterogeneous_vocab }}
+            - name: SPECDEC_DRAFT_TARGET_TOKENIZER
+              value: {{ $root.Values.target.model | quote }}
+            {{- end }}
+            {{- with $spec.revision }}
+            - name: SPECDEC_DRAFT_REVISION
+              value: {{ . | quote }}
+            {{- end }}
+            {{- end }}
+            {{- with include "specdec.configEnv" (dict "prefix" $prefix "config" $v.config) }}
+            {{- . | trim | nindent 12 }}
+            {{- end }}
+            {{- with $v.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          ports:
+            - name: grpc
+              containerPort: {{ $v.port }}
+              protocol: TCP
+            - name: metrics
+              containerPort: {{ $v.metricsPort }}
+              protocol: TCP
+          # grpc.health.v1 answers NOT_SERVING until the model is loaded and warmed up.
+          startupProbe:
+            grpc:
+              port: {{ $v.port }}
+            {{- toYaml $v.startupProbe | nindent 12 }}
+          readinessProbe:
+            grpc:
+              port: {{ $v.port }}
+            {{- toYaml $v.readinessProbe | nindent 12 }}
+          livenessProbe:
+            grpc:
+              port: {{ $v.port }}
+            {{- toYaml $v.livenessProbe | nindent 12 }}
+          resources:
+            {{- toYaml $v.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $root.Values.securityContext | nindent 12 }}
+          volumeMounts:
+            {{- include "specdec.volumeMounts" $root | nindent 12 }}
+            {{- with $v.extraVolumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+      volumes:
+        {{- include "specdec.volumes" $root | nindent 8 }}
+        {{- with $v.extraVolumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end }}
