@@ -25,3 +25,47 @@ def recover_from_p(draft_token_ids, draft_probs, target_probs, generator):
         return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
     n = int(rejected[0, 0])
     return n, int(torch.multinomial(target_probs[n], 1, generator=generator))
+
+
+# --------------------------------------------------------------------------------------------------
+# More negative controls for the served-distribution tests (tests/gateway/test_served_distribution.py).
+# Each keeps everything else of the real algorithm, so only the one mistake it names can be detected.
+
+
+def truncate_top_n_unnormalised(probs, top_n):
+    """BROKEN drop-in for ``specdec.workers.truncate_top_n``: keeps the top_n entries of q but forgets to
+    renormalise them. The draft still samples from the renormalised top-N (``torch.multinomial`` normalises
+    its input), but the q it sends to the target sums to the kept mass c < 1: every acceptance ratio
+    p(x) / q(x) is inflated by 1 / c and the residual max(p - q, 0) is too big."""
+    if not top_n or top_n >= probs.shape[-1]:
+        return probs
+    values, idx = torch.topk(probs, top_n)
+    out = torch.zeros_like(probs)
+    out[idx] = values
+    return out
+
+
+def bonus_from_q(draft_token_ids, draft_probs, target_probs, generator):
+    """BROKEN: the real accept test and recovery, but when every draft is accepted the bonus token is drawn
+    from the draft's q (its last row, the distribution the last draft came from; one-hot for greedy drafts)
+    instead of from the target's p after the last draft, ``target_probs[k]``."""
+    from specdec.rejection import rejection_sample
+
+    k = draft_token_ids.shape[0]
+    n, token = rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+    if k == 0 or n < k:
+        return n, token
+    if draft_probs is None:
+        return k, int(draft_token_ids[k - 1])
+    return k, int(torch.multinomial(draft_probs[k - 1].to(target_probs.device), 1, generator=generator))
+
+
+def accepted_off_by_one(draft_token_ids, draft_probs, target_probs, generator):
+    """BROKEN: the real rule, but after a rejection at draft i it reports i + 1 accepted tokens (the count
+    up to and including the rejected draft, instead of its index): the rejected draft is emitted too, and
+    the recovered token, meant for its position, follows it."""
+    from specdec.rejection import rejection_sample
+
+    k = draft_token_ids.shape[0]
+    n, token = rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+    return (n + 1, token) if n < k else (n, token)
