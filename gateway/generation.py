@@ -200,13 +200,19 @@ class Gateway:
                          fields["generated_tokens"], s.acceptance_rate, fields["ttft_seconds"],
                          fields["e2e_seconds"], extra=fields)
 
-    def check_backends(self) -> list[str]:
-        """Problems with the backends (empty when both are reachable and SERVING)."""
-        problems = []
+    def check_backends(self) -> tuple[list[str], list[str]]:
+        """(problems, degradations): a backend that is not serving is a problem (the gateway is not
+        ready), except the draft when the fallback is on, which only degrades it (rounds verify
+        without drafts)."""
+        problems, degraded = [], []
         for client in (self.target, self.draft):
             if client is not None and not client.is_serving():
-                problems.append(f"{client.role} service at {client.address} is not serving")
-        return problems
+                message = f"{client.role} service at {client.address} is not serving"
+                if client is self.draft and isinstance(client, FallbackDraft):
+                    degraded.append(message + ": verifying without drafts")
+                else:
+                    problems.append(message)
+        return problems, degraded
 
     def close(self) -> None:
         if hasattr(self, "target_health"):

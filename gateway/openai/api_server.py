@@ -67,11 +67,14 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
 
     @app.get("/ready")
     async def ready():
-        problems = await asyncio.to_thread(gateway.check_backends)
+        problems, degraded = await asyncio.to_thread(gateway.check_backends)
         if problems:
             return error_response(503, "; ".join(problems), "service_unavailable", code="backend_unavailable")
-        return {"status": "ready", "target": gateway.target_info.model_name,
+        body = {"status": "degraded" if degraded else "ready", "target": gateway.target_info.model_name,
                 "draft": gateway.draft_info.model_name if gateway.draft_info else None}
+        if degraded:
+            body["degraded"] = degraded
+        return body
 
     @app.get("/metrics")
     async def metrics():  # open like /health (no API key), as vLLM's

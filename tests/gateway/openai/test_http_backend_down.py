@@ -99,3 +99,20 @@ def test_backend_down_is_503(servers, down_stack, target_dir):
     finally:
         client.close()
         raw.close()
+
+
+def test_draft_down_is_degraded_not_unready(servers, target_dir, good_draft_dir):
+    """With the draft fallback (the default) a draft that is down leaves the gateway ready, degraded:
+    requests are served by the target alone. Without it, the gateway is not ready."""
+    target, draft = servers.target(target_dir), servers.draft(good_draft_dir)
+    with_fallback = servers.gateway(target, draft, http_port=0, num_speculative_tokens=3)
+    without = servers.gateway(target, draft, http_port=0, num_speculative_tokens=3, draft_fallback=False)
+    servers.stop(draft, 0)
+    with raw_client(with_fallback.http_port, api_key=None) as raw:
+        ready = raw.get("/ready")
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
+        assert "draft" in ready.json()["degraded"][0]
+        done = raw.post("/v1/completions", json={"model": str(target_dir), "prompt": PROMPTS[0], "max_tokens": 4})
+        assert done.status_code == 200 and done.json()["usage"]["spec_decode"]["num_draft_tokens"] == 0
+    with raw_client(without.http_port, api_key=None) as raw:
+        assert_error_body(raw.get("/ready"), 503, code="backend_unavailable")
