@@ -16,4 +16,9 @@ class DraftServiceConfig(BackendServiceConfig):
     draft_sample_method: str = field(default="greedy", metadata={"help": "greedy or probabilistic (default when a request leaves it unspecified)"})
     target_tokenizer: str | None = field(default=None, metadata={"help": "the target's model/tokenizer, for a draft with another vocabulary (Token-Level Intersection): proposals are then in target ids"})
     tli_proposals: str = field(default="text", metadata={"help": f"with --target-tokenizer, greedy drafting proposes the drafted text tokenized for the target ('text') or intersection tokens only ('intersection'); one of {list(TLI_PROPOSALS)}"})
+    method: str = field(default="draft_model", metadata={"help": "draft_model (a model drafts) or ngram (the sequence's "
+                                                                  "own history drafts; no model is loaded)"})
+    prompt_lookup_max: int | None = field(default=None, metadata={"help": "n-gram lookup: longest n tried (with "
+                                                                          "method draft_model: hybrid drafting)"})
+    prompt_lookup_min: int | None = field(default=None, metadata={"help": "n-gram lookup: shortest n tried"})
     draft_top_n: int = field(default=256, metadata={"help": "probabilistic drafting samples from the renormalised top-N (0: full vocabulary); q is sent sparsely"})

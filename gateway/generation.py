@@ -84,8 +84,9 @@ class Gateway:
         cfg = SpeculativeConfig(model=d.model_name, num_speculative_tokens=self.config.num_speculative_tokens,
                                 use_heterogeneous_vocab=self.config.use_heterogeneous_vocab,
                                 draft_sample_method=self.config.draft_sample_method)
-        if check_vocab_compatible(t.tokenizer_fingerprint, d.tokenizer_fingerprint, t.model_name, d.model_name, cfg) \
-                and d.proposal_tokenizer_fingerprint != t.tokenizer_fingerprint:
+        if d.method != "ngram" and check_vocab_compatible(t.tokenizer_fingerprint, d.tokenizer_fingerprint,
+                                                          t.model_name, d.model_name, cfg) \
+                and d.proposal_tokenizer_fingerprint != t.tokenizer_fingerprint:  # (n-gram: any vocabulary)
             raise ConfigError(
                 f"draft {d.model_name!r} has another vocabulary than target {t.model_name!r} and does not draft in "
                 f"target ids: start the draft service with --target-tokenizer {t.model_name!r} "
@@ -138,9 +139,10 @@ class Gateway:
         return seq
 
     def resolve_k(self, k: int | None) -> int:
+        """A request's k (0: no speculation for it), or the configured one."""
         if k is None:
             return self.config.num_speculative_tokens
-        check_num_speculative_tokens(k)
+        check_num_speculative_tokens(k, minimum=0)
         return k
 
     def stream(self, seq: SequenceState, k: int | None = None, deadline: float | None = None,

@@ -107,7 +107,7 @@ class LLM:
                                        logits_vocab_size=None if tli else self.target.vocab_size)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
-                self._draft_worker = HybridDraftWorker(self._draft_worker, NgramStore(*cfg.lookup_range()))
+                self._draft_worker = HybridDraftWorker(self._draft_worker, *cfg.lookup_range())
 
     @property
     def token_id_limit(self) -> int:

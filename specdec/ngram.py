@@ -160,13 +160,18 @@ class _Call:
 
 
 class HybridDraftWorker:
-    """N-gram lookup first; the draft model drafts for the sequences without a match."""
+    """N-gram lookup first; the draft model drafts for the sequences without a match.
 
-    def __init__(self, model_worker, store: NgramStore):
+    Each sequence's index lives with the model's sequence (``vocab_state``), so it is released and
+    expired with it, and it records the committed history the service holds (``target_ids``) even
+    over rounds the model did not draft."""
+
+    def __init__(self, model_worker, min_n: int, max_n: int):
+        check_lookup(min_n, max_n)
         self.model = model_worker
-        self.ngram = NgramWorker(store)
         self.runner = model_worker.runner
         self.tli = model_worker.tli
+        self.min_n, self.max_n = min_n, max_n
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
         from specdec.workers import ProposeCall
@@ -176,10 +181,27 @@ class HybridDraftWorker:
             raise result
         return result
 
+    def _lookup(self, call) -> Proposal:
+        if not call.token_ids:
+            raise InvalidRequestError("draft: the sequence is empty", param="prompt")
+        seq = self.runner.get_or_create(call.sequence_id, call.params.seed)
+        index = seq.vocab_state.get("ngram")
+        if index is None:
+            index = seq.vocab_state["ngram"] = NgramIndex(self.min_n, self.max_n)
+        index.sync(call.token_ids)
+        if self.tli is None:  # (a TLI draft keeps its target ids itself)
+            seq.vocab_state["target_ids"] = index.tokens
+        return Proposal(index.propose(call.num_speculative_tokens))
+
     def propose_batch(self, calls: list) -> list[Proposal | SpecDecError]:
-        looked = self.ngram.propose_batch(calls)
-        results: list = list(looked)
-        need = [i for i, r in enumerate(looked) if isinstance(r, Proposal) and not r.draft_token_ids
+        results: list = []
+        with self.runner.lock:
+            for call in calls:
+                try:
+                    results.append(self._lookup(call))
+                except SpecDecError as exc:
+                    results.append(exc)
+        need = [i for i, r in enumerate(results) if isinstance(r, Proposal) and not r.draft_token_ids
                 and calls[i].num_speculative_tokens > 0]
         if need:
             for i, r in zip(need, self.model.propose_batch([calls[i] for i in need])):
@@ -187,5 +209,4 @@ class HybridDraftWorker:
         return results
 
     def release(self, sequence_id: str) -> None:
-        self.ngram.release(sequence_id)
         self.model.release(sequence_id)

@@ -42,7 +42,7 @@ class OpenAIRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     user: str | None = None
     ignore_eos: bool = False  # extension (vLLM's)
-    num_speculative_tokens: int | None = Field(default=None, ge=1)  # extension: per-request k
+    num_speculative_tokens: int | None = Field(default=None, ge=0)  # extension: per-request k (0: off)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None

@@ -101,7 +101,8 @@ def start_stack(cfg: ServeConfig) -> Stack:
     try:
         if spec is not None:
             draft = create_draft(DraftServiceConfig(
-                model=spec.model, revision=spec.revision, dtype=cfg.draft_dtype or cfg.dtype, host="127.0.0.1", port=0,
+                model=spec.model or "ngram", method=spec.method, prompt_lookup_max=spec.prompt_lookup_max,
+                prompt_lookup_min=spec.prompt_lookup_min, revision=spec.revision, dtype=cfg.draft_dtype or cfg.dtype, host="127.0.0.1", port=0,
                 num_threads=threads,
                 draft_sample_method=spec.draft_sample_method, tli_proposals=spec.tli_proposals,
                 target_tokenizer=target_model if spec.use_heterogeneous_vocab else None, **common), compute=compute)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from specdec.errors import InvalidRequestError, SequenceNotFoundError
 from specdec.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
+from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.runner import ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
@@ -21,6 +22,7 @@ from specdec.serving.metrics import ServiceMetrics, set_build_info
 from specdec.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
 
 logger = logging.getLogger(__name__)
+NGRAM_MAX_MODEL_LEN = 1 << 20  # an n-gram draft has no context limit of its own
 
 
 @dataclass
@@ -52,7 +54,8 @@ class Backend:
 
     def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
                  draft_top_n: int | None = None, target_tokenizer: str | None = None,
-                 compute: ComputeThread | None = None, tli_proposals: str = "text"):
+                 compute: ComputeThread | None = None, tli_proposals: str = "text",
+                 lookup: tuple[int, int] | None = None, ngram_only: bool = False):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -61,6 +64,10 @@ class Backend:
         self.draft_top_n = draft_top_n
         self.target_tokenizer = target_tokenizer
         self.tli_proposals = tli_proposals
+        # n-gram lookup (prompt_lookup_min, prompt_lookup_max): alone (ngram_only: no model is loaded) or
+        # before the draft model (hybrid)
+        self.lookup = lookup
+        self.ngram_only = ngram_only
         self.compute = compute  # shared with another backend in this process (see specdec.serving.batching)
         self.tli = None
         self.lm: LoadedModel | None = None
@@ -69,11 +76,17 @@ class Backend:
         self._stop = threading.Event()
         self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
         self.sequences_expired = 0  # sequences released by the idle expiry (sequence_ttl_seconds)
-        self.metrics = ServiceMetrics(role, config.model)
+        self.metrics = ServiceMetrics(role, "ngram" if ngram_only else config.model)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def load(self) -> None:
         cfg = self.config
+        if self.ngram_only:  # the sequence's own history drafts: nothing to load
+            self.max_model_len = cfg.max_model_len or NGRAM_MAX_MODEL_LEN
+            self.runner = NgramStore(*self.lookup, max_sequences=cfg.max_sequences, max_model_len=self.max_model_len)
+            self.worker = NgramWorker(self.runner)
+            self._start(self.worker.propose_batch)
+            return
         self.lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision)
         if self._stop.is_set():  # the service was stopped while the model loaded
             return
@@ -83,10 +96,17 @@ class Backend:
         if self.role == "draft":
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)
+            if self.lookup is not None:  # hybrid: a lookup match proposes, else the model
+                self.worker = HybridDraftWorker(self.worker, *self.lookup)
             run = self.worker.propose_batch
         else:
             self.worker = TargetWorker(self.runner)
             run = self.worker.verify_batch
+        self._start(run)
+
+    def _start(self, run) -> None:
+        """The batcher, the warm-up, the expiry loop; then ready."""
+        cfg = self.config
         # Every forward pass runs on the batcher's compute thread (see specdec.serving.batching for why one
         # process should run its models on one thread); an own thread gets num_threads cores.
         threads = cpu_threads(cfg.num_threads)
@@ -98,10 +118,15 @@ class Backend:
                                          thread_init=lambda: set_num_threads(threads))
         self._warmup()
         self.metrics.track_cached(lambda: len(self.runner.sequences))
-        set_build_info(self.role, cfg.model, dtype=dtype_name(self.lm.dtype), device=str(self.lm.device),
-                       method=self.draft_sample_method if self.role == "draft" else "")
+        set_build_info(self.role, cfg.model if self.lm is not None else "ngram",
+                       dtype=dtype_name(self.lm.dtype) if self.lm is not None else "",
+                       device=str(self.lm.device) if self.lm is not None else "cpu",
+                       method=self.info()["method"] or self.draft_sample_method)
         threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
         self.ready.set()
+        if self.lm is None:
+            logger.info("draft backend ready: n-gram lookup (n from %d down to %d)", self.lookup[1], self.lookup[0])
+            return
         runtime = "transformers forward" if self.runner.net is self.lm.model else "lean forward"
         if self.runner.vocab_subset is not None:
             runtime += f", draft vocabulary of {len(self.runner.vocab_subset)} ids"
@@ -124,7 +149,7 @@ class Backend:
 
     def _warmup(self) -> None:
         sid = f"__warmup_{self.role}__"
-        ids = self.lm.tokenizer("Hello, world").input_ids or [0]
+        ids = (self.lm.tokenizer("Hello, world").input_ids or [0]) if self.lm is not None else [1, 2, 1, 2]
         params = SamplingParams(temperature=0, max_tokens=4)
         if self.role == "draft":
             self.batcher(ProposeCall(sid, ids, 2, params))
@@ -171,7 +196,8 @@ class Backend:
         """The sequence's full token ids: the held prefix [0, start_position) + the new ones."""
         if not sequence_id:
             raise InvalidRequestError("sequence_id is empty", param="sequence_id")
-        vocab = self.tli.target_vocab_size if self.tli else self.lm.vocab_size  # ids arrive in target ids
+        # ids arrive in target ids (an n-gram draft takes any: it only looks them up)
+        vocab = self.tli.target_vocab_size if self.tli else self.lm.vocab_size if self.lm is not None else 2**31
         bad = [t for t in new_token_ids if t >= vocab]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="new_token_ids")
@@ -180,8 +206,9 @@ class Backend:
         else:
             with self.runner.lock:
                 seq = self.runner.sequences.get(sequence_id)
-                # A TLI draft caches its own ids; the history it was sent (target ids) is kept beside them.
-                held_ids = [] if seq is None else seq.vocab_state.get("target_ids", []) if self.tli else seq.tokens
+                # A TLI draft caches its own ids and a hybrid one skips the model on lookup rounds: both
+                # keep the history they were sent (target ids) beside their cache.
+                held_ids = ([] if seq is None else seq.vocab_state.get("target_ids", [] if self.tli else seq.tokens))
                 if seq is None or len(held_ids) < start_position:
                     held = len(held_ids)
                     self.metrics.cache_miss()
@@ -208,7 +235,13 @@ class Backend:
 
     def info(self) -> dict:
         lm = self.lm
+        if lm is None:  # n-gram drafting: proposals are ids of the history, whatever the vocabulary
+            return {"model_name": "ngram", "vocab_size": 0, "tokenizer_fingerprint": "", "dtype": "", "device": "cpu",
+                    "max_num_speculative_tokens": MAX_NUM_SPECULATIVE_TOKENS, "max_model_len": self.max_model_len,
+                    "eos_token_ids": [], "model_source": "", "max_sequences": self.config.max_sequences,
+                    "proposal_tokenizer_fingerprint": "", "method": "ngram"}
         return {
+            "method": "hybrid" if self.lookup is not None else "draft_model" if self.role == "draft" else "",
             "model_name": self.config.model,
             "vocab_size": lm.vocab_size,
             "tokenizer_fingerprint": lm.tokenizer_fingerprint,

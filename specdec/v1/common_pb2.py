@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"\x98\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\"\n\x1amax_num_speculative_tokens\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12\x14\n\x0cmodel_source\x18\t \x01(\t\x12\x15\n\rmax_sequences\x18\n \x01(\r\x12&\n\x1eproposal_tokenizer_fingerprint\x18\x0b \x01(\t\"\xb0\x01\n\x0fSpecDecodeStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x19\n\x11num_target_passes\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x1e\n\x16mean_acceptance_length\x18\x06 \x01(\x01\"\x10\n\x0eGetInfoRequest\"6\n\x0fGetInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\"-\n\x16ReleaseSequenceRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\"+\n\x17ReleaseSequenceResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"\xa8\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\"\n\x1amax_num_speculative_tokens\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12\x14\n\x0cmodel_source\x18\t \x01(\t\x12\x15\n\rmax_sequences\x18\n \x01(\r\x12&\n\x1eproposal_tokenizer_fingerprint\x18\x0b \x01(\t\x12\x0e\n\x06method\x18\x0c \x01(\t\"\xb0\x01\n\x0fSpecDecodeStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x19\n\x11num_target_passes\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x1e\n\x16mean_acceptance_length\x18\x06 \x01(\x01\"\x10\n\x0eGetInfoRequest\"6\n\x0fGetInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\"-\n\x16ReleaseSequenceRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\"+\n\x17ReleaseSequenceResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,15 +36,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENDISTRIBUTION']._serialized_start=136
   _globals['_TOKENDISTRIBUTION']._serialized_end=189
   _globals['_MODELINFO']._serialized_start=192
-  _globals['_MODELINFO']._serialized_end=472
-  _globals['_SPECDECODESTATS']._serialized_start=475
-  _globals['_SPECDECODESTATS']._serialized_end=651
-  _globals['_GETINFOREQUEST']._serialized_start=653
-  _globals['_GETINFOREQUEST']._serialized_end=669
-  _globals['_GETINFORESPONSE']._serialized_start=671
-  _globals['_GETINFORESPONSE']._serialized_end=725
-  _globals['_RELEASESEQUENCEREQUEST']._serialized_start=727
-  _globals['_RELEASESEQUENCEREQUEST']._serialized_end=772
-  _globals['_RELEASESEQUENCERESPONSE']._serialized_start=774
-  _globals['_RELEASESEQUENCERESPONSE']._serialized_end=817
+  _globals['_MODELINFO']._serialized_end=488
+  _globals['_SPECDECODESTATS']._serialized_start=491
+  _globals['_SPECDECODESTATS']._serialized_end=667
+  _globals['_GETINFOREQUEST']._serialized_start=669
+  _globals['_GETINFOREQUEST']._serialized_end=685
+  _globals['_GETINFORESPONSE']._serialized_start=687
+  _globals['_GETINFORESPONSE']._serialized_end=741
+  _globals['_RELEASESEQUENCEREQUEST']._serialized_start=743
+  _globals['_RELEASESEQUENCEREQUEST']._serialized_end=788
+  _globals['_RELEASESEQUENCERESPONSE']._serialized_start=790
+  _globals['_RELEASESEQUENCERESPONSE']._serialized_end=833
 # @@protoc_insertion_point(module_scope)

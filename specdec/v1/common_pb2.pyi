@@ -27,7 +27,7 @@ class TokenDistribution(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "dtype", "device", "max_num_speculative_tokens", "max_model_len", "eos_token_ids", "model_source", "max_sequences", "proposal_tokenizer_fingerprint")
+    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "dtype", "device", "max_num_speculative_tokens", "max_model_len", "eos_token_ids", "model_source", "max_sequences", "proposal_tokenizer_fingerprint", "method")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class ModelInfo(_message.Message):
     MODEL_SOURCE_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     PROPOSAL_TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     tokenizer_fingerprint: str
@@ -50,7 +51,8 @@ class ModelInfo(_message.Message):
     model_source: str
     max_sequences: int
     proposal_tokenizer_fingerprint: str
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_source: _Optional[str] = ..., max_sequences: _Optional[int] = ..., proposal_tokenizer_fingerprint: _Optional[str] = ...) -> None: ...
+    method: str
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_source: _Optional[str] = ..., max_sequences: _Optional[int] = ..., proposal_tokenizer_fingerprint: _Optional[str] = ..., method: _Optional[str] = ...) -> None: ...
 
 class SpecDecodeStats(_message.Message):
     __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_target_passes", "acceptance_rate", "mean_acceptance_length")

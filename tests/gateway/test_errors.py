@@ -32,7 +32,6 @@ def _bad_request(tokenizer, case: str):
         "empty prompt_token_ids": lambda: (generate_request(prompt_token_ids=[]), ["prompt", "empty"]),
         "max_tokens=0": lambda: (generate_request(p, max_tokens=0), ["max_tokens"]),
         "num_speculative_tokens too large": lambda: (generate_request(p, k=17), ["num_speculative_tokens", "17"]),
-        "num_speculative_tokens=0": lambda: (generate_request(p, k=0), ["num_speculative_tokens"]),
         "prompt over max_model_len": lambda: (generate_request(prompt_token_ids=[ids[0]] * MAX_MODEL_LEN),
                                               ["max_model_len", str(MAX_MODEL_LEN)]),
         "prompt text over max_model_len": lambda: (generate_request(" hello" * (MAX_MODEL_LEN + 10)), ["max_model_len"]),
@@ -48,7 +47,7 @@ def _bad_request(tokenizer, case: str):
 
 BAD = [
     "empty prompt", "empty prompt_token_ids", "max_tokens=0", "num_speculative_tokens too large",
-    "num_speculative_tokens=0", "prompt over max_model_len", "prompt text over max_model_len",
+    "prompt over max_model_len", "prompt text over max_model_len",
     "prompt and prompt_token_ids", "out-of-vocab prompt_token_ids", "temperature < 0", "top_p > 1",
     "top_k < -1", "seed >= 2**63",
 ]

@@ -89,7 +89,7 @@ COMPLETION_BAD = [
     ({"logprobs": 2}, "logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"extra_body": {"top_k": -2}}, "top_k"),
-    ({"extra_body": {"num_speculative_tokens": 0}}, "num_speculative_tokens"),
+    ({"extra_body": {"num_speculative_tokens": -1}}, "num_speculative_tokens"),
     ({"extra_body": {"num_speculative_tokens": 1000}}, "num_speculative_tokens"),
     ({"extra_body": {"ignore_eos": "sometimes"}}, "ignore_eos"),
 ]

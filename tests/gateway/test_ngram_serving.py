@@ -1,0 +1,53 @@
+"""N-gram and hybrid drafting through the services, started as ``specdec serve`` starts them: greedy
+output equals the target alone; the draft service loads no model for n-gram drafting; a request's
+num_speculative_tokens=0 turns speculation off for it."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from specdec.entrypoints.serve import ServeConfig, start_stack
+from specdec.v1 import common_pb2, generation_service_pb2_grpc
+from tests.services_conftest_helpers import generate, generate_request, offline_greedy
+
+PROMPTS = ["The cat sat on the mat. The cat sat on the mat. The cat sat on the", "def f(x):\n    return x\n\ndef g"]
+N = 32
+
+
+def _stack(target_dir, spec: dict):
+    return start_stack(ServeConfig(model=str(target_dir), speculative_config=json.dumps(spec), host="127.0.0.1",
+                                   grpc_port=0, port=-1, dtype="float32"))
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "ngram", "num_speculative_tokens": 4},
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2},
+    "hybrid",
+])
+def test_served_lookup_drafting_equals_the_target_alone(target_dir, good_draft_dir, target_llm, spec):
+    if spec == "hybrid":
+        spec = {"model": str(good_draft_dir), "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    stack = _stack(target_dir, spec)
+    try:
+        backend = stack.draft.backend
+        if spec["method" if "method" in spec else "model"] == "ngram":
+            assert backend.lm is None  # no model loaded
+        with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
+            stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+            info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+            assert info.draft.method == ("ngram" if "method" in spec else "hybrid")
+            drafted = 0
+            for prompt in PROMPTS:
+                out = generate(stub, generate_request(prompt, max_tokens=N))
+                assert (out.text, out.token_ids) == offline_greedy(target_llm, prompt, N), (spec, prompt)
+                drafted += out.last.stats.num_accepted_tokens
+            assert drafted > 0
+            # a request may turn speculation off: the target alone, no drafts
+            off = generate(stub, generate_request(PROMPTS[0], max_tokens=N, k=0))
+            assert off.token_ids == offline_greedy(target_llm, PROMPTS[0], N)[1]
+            assert off.last.stats.num_draft_tokens == 0 and off.last.stats.num_target_passes == N
+    finally:
+        stack.stop(0)
