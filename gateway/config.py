@@ -37,6 +37,9 @@ class GatewayConfig:
                                                                                  "request is refused (none: no limit)"})
     max_n: int = field(default=16, metadata={"help": "most outputs (n) one request may ask for"})
     max_request_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest HTTP request body"})
+    disable_by_batch_size: int | None = field(default=None, metadata={"help": "verify without drafts while this many "
+                                                                             "sequences are generating (vLLM's name; "
+                                                                             "none: always speculate)"})
     draft_fallback: bool = field(default=True, metadata={"help": "when the draft fails or times out, verify without "
                                                                  "drafts instead of failing (--no-draft-fallback: fail)"})
     draft_timeout_ms: float | None = field(default=None, metadata={"help": "deadline of one Propose call with the "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gateway.clients import RemoteDraft, RemoteTarget
 from gateway.config import GatewayConfig
 from gateway.replicas import ReplicaSet, is_replica_spec
-from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, TargetHealth
+from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, SheddingDraft, TargetHealth
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
 from specdec.proposal import check_num_speculative_tokens
@@ -161,7 +161,11 @@ class Gateway:
         for client in (self.target, self.draft):
             if client is not None:
                 client.set_deadline(seq.sequence_id, deadline)
-        rounds = decode(self.draft, self.target, seq, k)
+        draft = self.draft
+        if draft is not None and self.config.disable_by_batch_size:
+            draft = SheddingDraft(draft, lambda: self.admission.running, self.config.disable_by_batch_size,
+                                  self.served_model_name)
+        rounds = decode(draft, self.target, seq, k)
         seen = 0
         try:
             seq_metrics.round_started()  # the first round starts now; the loop runs them back to back

@@ -132,6 +132,24 @@ class FallbackDraft:
             logger.info("draft release of %s failed: %s", sequence_id, exc)
 
 
+class SheddingDraft:
+    """vLLM's ``disable_by_batch_size``: while ``running()`` sequences reach the threshold, rounds verify
+    without drafts, since batched decoding then earns more than speculation."""
+
+    def __init__(self, draft, running: Callable[[], int], threshold: int, model_name: str):
+        self.draft, self.running, self.threshold, self.model_name = draft, running, threshold, model_name
+
+    def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int,
+                params: SamplingParams) -> Proposal:
+        if self.running() >= self.threshold:
+            metrics.rounds_without_draft(self.model_name, "load")
+            return Proposal([])
+        return self.draft.propose(sequence_id, token_ids, num_speculative_tokens, params)
+
+    def release(self, sequence_id: str) -> None:
+        self.draft.release(sequence_id)
+
+
 class TargetHealth:
     """Whether the target is known down; a probe thread marks it up again when it serves."""
 

@@ -44,6 +44,8 @@ class SpeculativeConfig:
     # prompt_lookup_max set is hybrid: a lookup match proposes, else the draft model does.
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
+    # vLLM's key: rounds verify without drafts while this many sequences are generating
+    disable_by_batch_size: int | None = None
 
     @property
     def uses_lookup(self) -> bool:
@@ -102,6 +104,9 @@ class SpeculativeConfig:
             raise ConfigError("use_heterogeneous_vocab must be true or false")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if self.disable_by_batch_size is not None and (not isinstance(self.disable_by_batch_size, int)
+                                                       or self.disable_by_batch_size < 1):
+            raise ConfigError(f"disable_by_batch_size must be an integer >= 1, got {self.disable_by_batch_size!r}")
         if self.uses_lookup:
             from specdec.ngram import check_lookup
 

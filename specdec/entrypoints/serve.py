@@ -116,6 +116,7 @@ def start_stack(cfg: ServeConfig) -> Stack:
             draft_sample_method=spec.draft_sample_method if spec else "greedy",
             use_heterogeneous_vocab=spec.use_heterogeneous_vocab if spec else False,
             metrics_port=cfg.metrics_port, log_requests=cfg.log_requests,
+            disable_by_batch_size=spec.disable_by_batch_size if spec else None,
         ))
     except BaseException:
         for h in (draft, target):

@@ -127,7 +127,7 @@ def init_gateway_series(model_name: str) -> None:
         REQUEST_SUCCESS.labels(*labels, reason)
     for phase in ("propose", "verify"):
         HISTORY_RESENDS.labels(*labels, phase)
-    for reason in ("draft_failed", "breaker_open"):
+    for reason in ("draft_failed", "breaker_open", "load"):
         ROUNDS_WITHOUT_DRAFT.labels(*labels, reason)
     DRAFT_BREAKER_STATE.labels(*labels).set(0)
     TARGET_AVAILABLE.labels(*labels).set(1)

@@ -186,3 +186,13 @@ def test_responses_stream_incrementally(gen_stub):
     rest = collect(responses)
     passes = [r.stats.num_target_passes for r in [first, *rest.responses]]
     assert passes == list(range(1, len(passes) + 1))
+
+
+def test_disable_by_batch_size_turns_speculation_off_under_load(servers, stack, references):
+    """With disable_by_batch_size=1 every running sequence is 'load': rounds verify without drafts, and
+    the output is still the target alone's."""
+    handle = servers.gateway(stack.target, stack.draft, disable_by_batch_size=1)
+    stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(handle))
+    out = generate(stub, generate_request(PROMPTS[0], max_tokens=MAX_TOKENS))
+    assert (out.text, out.token_ids) == references[PROMPTS[0]]
+    assert out.last.stats.num_draft_tokens == 0 and out.last.stats.num_target_passes == MAX_TOKENS

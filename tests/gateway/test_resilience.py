@@ -125,3 +125,17 @@ def test_admission_wait_is_bounded_and_cancel_gives_the_place_back():
     a.cancel()
     a.cancel()
     assert a.waiting == 0
+
+
+def test_shedding_draft_skips_the_draft_at_the_batch_size():
+    from gateway.resilience import SheddingDraft
+
+    running = [1]
+    remote = FakeDraft([[1, 2], [3]])
+    draft = SheddingDraft(remote, lambda: running[0], 2, "m")
+    params = SamplingParams(temperature=0)
+    assert draft.propose("s", [1], 2, params).draft_token_ids == [1, 2]
+    running[0] = 2
+    assert draft.propose("s", [1], 2, params).draft_token_ids == [] and remote.calls == 1
+    running[0] = 1
+    assert draft.propose("s", [1], 2, params).draft_token_ids == [3]
