@@ -155,13 +155,24 @@ def error_from_code(code_name: str, message: str, class_name: str | None = None)
     return cls(message)
 
 
+def internal_error_message(exc: BaseException) -> str:
+    """What a client learns of an unexpected exception: its type only. Its message may hold internals or
+    a request's text, and its trace goes to the server log alone."""
+    return f"internal error ({type(exc).__name__}); see the server log"
+
+
+def public_message(exc: BaseException) -> str:
+    """The message a client gets for ``exc``: a domain error's own message (written for the caller),
+    or ``internal_error_message`` for anything else."""
+    if not isinstance(exc, SpecDecError) and domain_class(exc) is SpecDecError:
+        return internal_error_message(exc)
+    return str(exc) or domain_class(exc).__name__
+
+
 def openai_error_body(exc: BaseException) -> tuple[int, dict]:
     """(HTTP status, OpenAI's error body) for any exception; internals are not disclosed."""
     cls = domain_class(exc)
-    if cls is SpecDecError and not isinstance(exc, SpecDecError):
-        message = f"internal error: {type(exc).__name__}: {exc}"
-    else:
-        message = str(exc) or cls.__name__
+    message = public_message(exc)
     param = getattr(exc, "param", None)
     return cls.http_status, {"error": {"message": message, "type": cls.openai_type, "param": param,
                                        "code": cls.openai_code}}

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import grpc
 
-from specdec.errors import SpecDecError, domain_class, error_from_code
+from specdec.errors import SpecDecError, domain_class, error_from_code, public_message
 
 logger = logging.getLogger(__name__)
 ERROR_CLASS_KEY = "specdec-error"
@@ -24,13 +24,12 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
 
 
 def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
-    """End the call with ``exc``'s row of the table (logged with its trace when unexpected)."""
+    """End the call with ``exc``'s row of the table. An unexpected exception is logged with its trace
+    and reaches the client as ``internal error (Type); see the server log``, without its message."""
     cls = domain_class(exc)
-    if cls is SpecDecError:
-        logger.exception("%s failed", method)
-        message = f"internal error: {type(exc).__name__}: {exc}"
-    else:
-        message = str(exc) or cls.__name__
+    if cls is SpecDecError:  # the trace goes to this log line only; the request (prompt) goes nowhere
+        logger.error("%s failed: unexpected %s", method, type(exc).__name__, exc_info=exc)
+    message = public_message(exc)
     context.set_trailing_metadata(((ERROR_CLASS_KEY, cls.__name__),))
     context.abort(grpc.StatusCode[cls.grpc_code], message)
 

@@ -112,8 +112,39 @@ def test_each_error_through_grpc_and_http(grpc_channel, http, cls):
     assert body["message"] == str(rebuilt)
 
 
-def test_an_unexpected_exception_is_internal_on_both_sides(grpc_channel, http):
+class _Bug:
+    @map_errors
+    def Unary(self, request: bytes, context):
+        raise RuntimeError(f"boom while handling {request.decode()!r}")
+
+
+INTERNAL_MESSAGE = "internal error (RuntimeError); see the server log"
+
+
+def test_an_unexpected_exception_is_internal_on_both_sides(http, caplog):
+    """Its type reaches the client, never its message (which may quote the prompt) or its trace;
+    the trace is in the server log."""
+    servicer = _Bug()
+    handle = start_server(lambda server: server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "test.Bug", {"Unary": grpc.unary_unary_rpc_method_handler(servicer.Unary)})]), ["test.Bug"], "127.0.0.1", 0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as channel, pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary("/test.Bug/Unary")(b"my secret prompt", timeout=10)
+    finally:
+        handle.stop(0)
+    assert info.value.code() == grpc.StatusCode.INTERNAL and info.value.details() == INTERNAL_MESSAGE
+    rebuilt = error_from_rpc(info.value, "target service: ")  # what the gateway then tells its client
+    assert type(rebuilt) is SpecDecError and str(rebuilt) == f"target service: {INTERNAL_MESSAGE}"
+
     gateway, client = http
+    close = {"Connection": "close"}  # uvicorn drops a connection whose request raised: one per request
+    for error in (RuntimeError("boom while handling 'my secret prompt'"), rebuilt):
+        gateway.error = error
+        response = client.post("/v1/completions", json={"prompt": "my secret prompt", "max_tokens": 1}, headers=close)
+        assert response.status_code == 500 and response.json()["error"]["type"] == "internal_error"
+        assert "secret" not in response.text and "Traceback" not in response.text
     gateway.error = RuntimeError("boom")
-    response = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
-    assert response.status_code == 500 and response.json()["error"]["type"] == "internal_error"
+    with caplog.at_level("ERROR", logger="gateway.openai.protocol"):
+        response = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers=close)
+    assert response.json()["error"]["message"] == INTERNAL_MESSAGE
+    assert "Traceback" in caplog.text and "RuntimeError: boom" in caplog.text  # the server log has it all

@@ -116,7 +116,7 @@ def _unary(channel, what: str, timeout=10):
     ("notfound", grpc.StatusCode.NOT_FOUND, "resend the history"),
     ("exhausted", grpc.StatusCode.RESOURCE_EXHAUSTED, "cap 3 reached"),
     ("timeout", grpc.StatusCode.DEADLINE_EXCEEDED, "too slow"),
-    ("bug", grpc.StatusCode.INTERNAL, "internal error: RuntimeError: boom"),
+    ("bug", grpc.StatusCode.INTERNAL, "internal error (RuntimeError); see the server log"),  # not its message
 ])
 def test_map_errors_over_grpc(loopback, what, code, details):
     _, channel, _ = loopback
@@ -128,7 +128,7 @@ def test_map_errors_over_grpc(loopback, what, code, details):
 
 def test_require_ready_inside_map_errors_is_unavailable(loopback):
     """BUG: context.abort() raises a plain Exception, which map_errors catches and re-aborts as
-    INTERNAL ("internal error: Exception: "); require_ready's UNAVAILABLE never reaches the client."""
+    INTERNAL ("internal error (Exception)"); require_ready's UNAVAILABLE never reaches the client."""
     _, channel, servicer = loopback
     servicer.ready.clear()
     with pytest.raises(grpc.RpcError) as info:
@@ -151,7 +151,20 @@ def test_map_stream_errors_over_grpc(loopback):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details() == "bad in the middle"
     with pytest.raises(grpc.RpcError) as info:
         list(call(b"bug", timeout=10))
-    assert info.value.code() == grpc.StatusCode.INTERNAL and "kaboom" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert info.value.details() == "internal error (RuntimeError); see the server log"
+
+
+def test_an_unexpected_error_is_logged_with_its_trace_and_not_sent(loopback, caplog):
+    """The client gets the exception's type only; the server log has the whole trace, and a log line
+    that names the method, not the request."""
+    _, channel, _ = loopback
+    with caplog.at_level("ERROR", logger="specdec.serving.grpc_errors"), pytest.raises(grpc.RpcError) as info:
+        _unary(channel, "bug")
+    assert "boom" not in info.value.details() and "Traceback" not in info.value.details()
+    (record,) = [r for r in caplog.records if r.name == "specdec.serving.grpc_errors"]
+    assert record.getMessage() == "Unary failed: unexpected RuntimeError"
+    assert record.exc_info and "RuntimeError: boom" in caplog.text and "Traceback" in caplog.text
 
 
 def test_time_remaining_reports_the_client_deadline(loopback):
