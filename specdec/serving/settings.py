@@ -3,6 +3,11 @@
 Each service declares one dataclass; every field ``foo_bar`` becomes the flag ``--foo-bar`` whose
 default is read from ``SPECDEC_<SERVICE>_FOO_BAR`` (then the dataclass default). Flags win over
 environment variables, which win over defaults.
+
+A ``list[...]`` field takes a comma-separated list, from its environment variable or from its flag, and
+the flag may be given more than once (``--api-key a --api-key b`` = ``--api-key a,b``); the flags then
+replace the variable's list, they do not add to it. Blank items are dropped, so an empty variable is an
+empty list. A field with ``metadata={"secret": True}`` never shows its value in ``--help``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,33 @@ def _base_type(tp: Any) -> tuple[type, bool]:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return args[0], True
     return tp, False
+
+
+def _list_item_type(tp: Any) -> type | None:
+    """The item type of a ``list[X]`` field (None: not a list field)."""
+    if typing.get_origin(tp) is list:
+        (item,) = typing.get_args(tp) or (str,)
+        return item
+    return None
+
+
+def _list_converter(item_convert):
+    """A flag's or variable's text -> the list of its comma-separated items (blank ones dropped)."""
+
+    def convert(text: str) -> list:
+        return [item_convert(part.strip()) for part in text.split(",") if part.strip()]
+
+    return convert
+
+
+class _ListAction(argparse.Action):
+    """Each occurrence adds its items; the first one replaces the default (env var or dataclass)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest, None)
+        if current is self.default or current is None:
+            current = []
+        setattr(namespace, self.dest, [*current, *values])
 
 
 def _parse_bool(text: str) -> bool:
@@ -62,19 +94,30 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        tp, optional = _base_type(hints[f.name])
+        item = _list_item_type(hints[f.name])
+        tp, optional = (item, False) if item is not None else _base_type(hints[f.name])
         env = env_name(env_prefix, f.name)
         convert = _converter(tp, optional, env)
-        default = f.default if f.default is not dataclasses.MISSING else None
+        extra: dict[str, Any] = {}
+        if item is not None:
+            convert = _list_converter(convert)
+            extra["action"] = _ListAction
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
         if env in os.environ:
             # A string default goes through `convert` only when this (sub)command is parsed, so a bad
             # value errors there, naming the variable, without breaking the other subcommands.
             default = os.environ[env]
         help_text = f.metadata.get("help", "")
+        shown = "hidden" if f.metadata.get("secret") and default else repr(default)
         flag = "--" + f.name.replace("_", "-")
         if tp is bool:  # vLLM's style: --x / --no-x (``--x false`` still works)
             parser.add_argument(flag, dest=f.name, type=convert, nargs="?", const=True, default=default,
-                                metavar="BOOL", help=f"{help_text} (env {env}; default {default!r})".replace("%", "%%"))
+                                metavar="BOOL", help=f"{help_text} (env {env}; default {shown})".replace("%", "%%"))
             parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
                                 help=f"the opposite of {flag}")
             continue
@@ -84,7 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
             type=convert,
             default=default,
             metavar=tp.__name__.upper(),
-            help=f"{help_text} (env {env}; default {default!r})".replace("%", "%%"),
+            help=f"{help_text} (env {env}; default {shown})".replace("%", "%%"),
+            **extra,
         )
 
 
