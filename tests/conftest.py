@@ -13,6 +13,7 @@ Everything here is session-scoped and built in a few seconds:
 * ``short_ctx_draft_dir`` the good draft with max_position_embeddings = 64.
 * ``padded_target_dir``  a target whose vocabulary rows are padded past the tokenizer's size.
 * ``other_vocab_dir``    a tiny model with a different (WordLevel) tokenizer.
+* ``pki``                a test CA with server and client certificates (PEM files; see tests/tls_helpers.py).
 
 Every folder is a Hugging Face folder (config.json + safetensors + tokenizer), so it loads through
 ``specdec.models.load_model(folder)``.
@@ -329,6 +330,21 @@ def spec_config(draft, k: int, **extra) -> dict:
 def spec():
     """``spec(draft_dir, k, **extra)`` -> a speculative_config dict."""
     return spec_config
+
+
+# --------------------------------------------------------------------------------------------------
+# TLS
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """A CA, a server and a client certificate it signed, and a second CA with a client certificate
+    (``tests.tls_helpers.Pki``: PEM file paths), made at test time."""
+    from tests.requirements import require_package
+    from tests.tls_helpers import make_pki
+
+    require_package("cryptography", "pip install cryptography (the test extra)")
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def pytest_report_header(config):

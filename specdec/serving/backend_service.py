@@ -18,6 +18,7 @@ from specdec.serving.batching import ComputeThread
 from specdec.serving.grpc_errors import map_errors
 from specdec.serving.server import ServerHandle, start_metrics_server, start_server
 from specdec.serving.settings import service_cli
+from specdec.serving.tls import server_credentials_from, server_tls_field
 from specdec.serving.wire import model_info_to_proto
 from specdec.v1 import common_pb2
 
@@ -26,12 +27,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class BackendServiceConfig(BackendConfig):
-    """Settings of a draft or target service run alone: the backend's, plus where it listens."""
+    """Settings of a draft or target service run alone: the backend's, plus where and how it listens."""
 
     host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
     port: int = field(default=0, metadata={"help": "gRPC port (0: any free port)"})
     metrics_port: int | None = field(default=None, metadata={"help": "serve Prometheus /metrics on this HTTP port "
                                                                      "(none: off; 0: any free port)"})
+    tls_cert_file: str | None = server_tls_field("tls_cert_file")
+    tls_key_file: str | None = server_tls_field("tls_key_file")
+    tls_client_ca_file: str | None = server_tls_field("tls_client_ca_file")
 
 
 def require_ready(backend: Any) -> None:
@@ -76,9 +80,11 @@ def start_backend_service(
     FAILED_PRECONDITION with the reason if loading fails) instead of waiting and raising.
     ``compute``: run the forward passes on this thread, shared with another model in the process.
     """
+    credentials = server_credentials_from(config)  # a bad TLS file stops start-up before the model loads
     backend = Backend(role, config, compute=compute, **backend_options)
     instance = servicer(backend)
-    handle = start_server(lambda server: add_servicer(instance, server), [service_name], config.host, config.port)
+    handle = start_server(lambda server: add_servicer(instance, server), [service_name], config.host, config.port,
+                          credentials=credentials)
     handle.backend = backend
     handle.on_stop.append(backend.close)
     start_metrics_server(handle, config.metrics_port, config.host)

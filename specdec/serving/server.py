@@ -1,11 +1,11 @@
-"""Starting and stopping a gRPC server: health, reflection, graceful shutdown on SIGTERM."""
+"""Starting and stopping a gRPC server: TLS, interceptors, health, reflection, graceful shutdown on SIGTERM."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -75,16 +75,23 @@ def start_server(
     host: str,
     port: int,
     max_workers: int = 64,
+    credentials: grpc.ServerCredentials | None = None,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
 ) -> ServerHandle:
-    """Start serving ``register``'s services on host:port (0: any free port), health NOT_SERVING."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+    """Start serving ``register``'s services on host:port (0: any free port), health NOT_SERVING.
+
+    ``credentials`` (``specdec.serving.tls.server_credentials``): the port speaks TLS only (None:
+    plaintext). ``interceptors`` run before every call (e.g. ``specdec.serving.auth.ApiKeyInterceptor``)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=list(interceptors),
                          options=[*_MESSAGE_LIMITS, ("grpc.so_reuseport", 0)])
     register(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
     except RuntimeError as exc:  # grpcio raises on a busy port
         server.stop(0)
         raise OSError(f"could not bind {host}:{port}: {exc}") from None
