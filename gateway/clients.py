@@ -22,6 +22,7 @@ from specdec.sampling import SamplingParams
 from specdec.serving.grpc_errors import error_from_rpc
 from specdec.serving.metrics import BACKEND_CALL, HISTORY_RESENDS
 from specdec.serving.server import channel_options
+from specdec.serving.tls import PLAINTEXT, ChannelSecurity
 from specdec.serving.wire import probs_from_proto, probs_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, draft_service_pb2, draft_service_pb2_grpc, target_service_pb2, target_service_pb2_grpc
 
@@ -38,9 +39,9 @@ class _RemoteBackend:
     phase = "call"  # the metrics' name of the round phase this service runs
     model_name = ""  # the gateway's served model name (a metrics label), set by the gateway
 
-    def __init__(self, address: str, retry_seconds: float = 60.0):
+    def __init__(self, address: str, retry_seconds: float = 60.0, security: ChannelSecurity = PLAINTEXT):
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=channel_options())
+        self.channel = security.channel(address, options=channel_options())  # TLS per --backend-tls-*
         self.retry_seconds = retry_seconds
         self._held: dict[str, int] = {}  # sequence id -> committed tokens the service holds
         self._lock = threading.Lock()
@@ -140,8 +141,9 @@ class RemoteDraft(_RemoteBackend):
     role = "draft"
     phase = "propose"
 
-    def __init__(self, address: str, draft_sample_method: str = "greedy", retry_seconds: float = 60.0):
-        super().__init__(address, retry_seconds)
+    def __init__(self, address: str, draft_sample_method: str = "greedy", retry_seconds: float = 60.0,
+                 security: ChannelSecurity = PLAINTEXT):
+        super().__init__(address, retry_seconds, security)
         self._stub = draft_service_pb2_grpc.DraftServiceStub(self.channel)
         self.draft_sample_method = _DRAFT_METHODS[draft_sample_method]
         self.vocab_size = 0  # set at start-up from the TARGET's info: q rows are over target ids
@@ -183,8 +185,8 @@ class RemoteTarget(_RemoteBackend):
     role = "target"
     phase = "verify"
 
-    def __init__(self, address: str, retry_seconds: float = 60.0):
-        super().__init__(address, retry_seconds)
+    def __init__(self, address: str, retry_seconds: float = 60.0, security: ChannelSecurity = PLAINTEXT):
+        super().__init__(address, retry_seconds, security)
         self._stub = target_service_pb2_grpc.TargetServiceStub(self.channel)
 
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS
+from specdec.serving.tls import server_tls_field
 
 ENV_PREFIX = "SPECDEC_GATEWAY"
 
@@ -19,7 +20,11 @@ class GatewayConfig:
     host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
     port: int = field(default=50050, metadata={"help": "gRPC port of GenerationService (0: any free port)"})
     http_port: int | None = field(default=None, metadata={"help": "OpenAI-compatible HTTP port (none: no HTTP; 0: any free port)"})
-    api_key: str | None = field(default=None, metadata={"help": "when set, /v1/* needs 'Authorization: Bearer <key>'"})
+    api_key: list[str] = field(default_factory=list, metadata={
+        "help": "when set, /v1/* and the gRPC GenerationService need 'Authorization: Bearer <key>' with one of the "
+                "keys (repeat the flag, or comma-separate, for several)", "secret": True})
+    api_key_file: str | None = field(default=None, metadata={"help": "file of accepted API keys, one per line "
+                                                                     "(blank lines and '#' comments ignored)"})
     served_model_name: str | None = field(default=None, metadata={"help": "model id of /v1/models (default: the target's name)"})
     request_timeout_seconds: float | None = field(default=None, metadata={"help": "deadline of an HTTP request (none: no limit)"})
     num_speculative_tokens: int = field(default=DEFAULT_NUM_SPECULATIVE_TOKENS, metadata={"help": "k, drafts per round"})
@@ -52,3 +57,15 @@ class GatewayConfig:
     metrics_port: int | None = field(default=None, metadata={"help": "serve Prometheus /metrics on this HTTP port too "
                                                                      "(none: only on --http-port, if set; 0: any free port)"})
     log_requests: bool = field(default=False, metadata={"help": "include the prompt text in the per-request log line"})
+    tls_cert_file: str | None = server_tls_field("tls_cert_file")
+    tls_key_file: str | None = server_tls_field("tls_key_file")
+    tls_client_ca_file: str | None = server_tls_field("tls_client_ca_file")
+    backend_tls_ca_file: str | None = field(default=None, metadata={
+        "help": "PEM CA bundle that signed the draft/target services' certificates: talk TLS to them"})
+    backend_tls_cert_file: str | None = field(default=None, metadata={
+        "help": "PEM client certificate presented to the draft/target services (mutual TLS)"})
+    backend_tls_key_file: str | None = field(default=None, metadata={"help": "PEM private key of --backend-tls-cert-file"})
+    backend_tls_server_name: str | None = field(default=None, metadata={
+        "help": "name the backends' certificates carry, when it is not the host of --draft-addr/--target-addr"})
+    ssl_certfile: str | None = field(default=None, metadata={"help": "PEM certificate of the HTTP port: serve HTTPS"})
+    ssl_keyfile: str | None = field(default=None, metadata={"help": "PEM private key of --ssl-certfile"})

@@ -21,6 +21,7 @@ from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
 from specdec.serving import metrics
 from specdec.serving.metrics import SequenceMetrics, init_gateway_series, set_build_info
+from specdec.serving.tls import channel_security
 
 logger = logging.getLogger(__name__)
 request_log = logging.getLogger("specdec.requests")  # one line per finished sequence
@@ -42,8 +43,11 @@ class Gateway:
         check_num_speculative_tokens(config.num_speculative_tokens)
         self.config = config
         timeout = config.backend_timeout_seconds
-        self.target = _client(config.target_addr, lambda addr: RemoteTarget(addr, timeout))
-        self.draft = (_client(config.draft_addr, lambda addr: RemoteDraft(addr, config.draft_sample_method, timeout))
+        security = channel_security(config.backend_tls_ca_file, config.backend_tls_cert_file,
+                                    config.backend_tls_key_file, config.backend_tls_server_name)
+        self.target = _client(config.target_addr, lambda addr: RemoteTarget(addr, timeout, security))
+        self.draft = (_client(config.draft_addr,
+                              lambda addr: RemoteDraft(addr, config.draft_sample_method, timeout, security))
                       if config.draft_addr else None)
         self.admission = Admission(config.max_concurrent_requests, config.max_queue_len, config.max_queue_time_seconds)
         try:

@@ -7,9 +7,11 @@ import grpc
 from gateway.config import GatewayConfig
 from gateway.generation import Gateway, deadline_from_timeout
 from specdec.errors import InvalidRequestError
+from specdec.serving.auth import ApiKeyInterceptor, ApiKeys
 from specdec.serving.grpc_errors import map_errors, map_stream_errors, status_code_for
 from specdec.serving.metrics import request_error
 from specdec.serving.server import ServerHandle, start_metrics_server, start_server, time_remaining
+from specdec.serving.tls import check_key_pair, server_credentials_from
 from specdec.serving.wire import sampling_from_proto
 from specdec.sequence import SequenceState
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
@@ -88,23 +90,40 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
 
 
 def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> ServerHandle:
-    """Connect to the backends (waiting for them), check the pair, and serve GenerationService."""
+    """Connect to the backends (waiting for them), check the pair, and serve GenerationService.
+
+    With API keys, GenerationService (not health, not reflection) needs ``authorization: Bearer <key>``
+    metadata, as /v1/* needs the header. TLS files are checked before the backends are contacted."""
+    keys = ApiKeys.load(config.api_key, config.api_key_file)
+    credentials = server_credentials_from(config)
+    https = check_key_pair(config.ssl_certfile, config.ssl_keyfile, "--ssl-certfile", "--ssl-keyfile")
     gateway = gateway or Gateway(config)
     servicer = GenerationServicer(gateway)
-    handle = start_server(
-        lambda server: generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server),
-        [SERVICE_NAME], config.host, config.port, max_workers=config.max_concurrent_requests,
-    )
+
+    def rejected(_method: str) -> None:
+        request_error(gateway.served_model_name, "grpc", "UNAUTHENTICATED")
+
+    try:
+        handle = start_server(
+            lambda server: generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server),
+            [SERVICE_NAME], config.host, config.port, max_workers=config.max_concurrent_requests,
+            credentials=credentials, interceptors=[ApiKeyInterceptor(keys, on_reject=rejected)] if keys else [],
+        )
+    except BaseException:
+        gateway.close()
+        raise
     handle.backend = gateway
     handle.on_stop.append(gateway.close)
     start_metrics_server(handle, config.metrics_port, config.host)
     if config.http_port is not None:
         from gateway.openai.api_server import HttpServer, create_app
 
-        app = create_app(gateway, api_key=config.api_key, served_model_name=config.served_model_name,
+        app = create_app(gateway, api_key=keys, served_model_name=config.served_model_name,
                          request_timeout=config.request_timeout_seconds)
         try:
-            http = HttpServer(app, config.host, config.http_port)
+            http = HttpServer(app, config.host, config.http_port,
+                              ssl_certfile=config.ssl_certfile if https else None,
+                              ssl_keyfile=config.ssl_keyfile if https else None)
         except BaseException:  # e.g. the HTTP port is taken: stop what already started
             handle.stop(0)
             raise

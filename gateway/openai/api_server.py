@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app (FastAPI), and uvicorn serving it in the gateway's process.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /ready,
-GET /version, GET /metrics (Prometheus). With an API key, every /v1/ route wants ``Authorization: Bearer <key>``. Errors use
+GET /version, GET /metrics (Prometheus). With API keys, every /v1/ route wants ``Authorization: Bearer <key>``
+with one of them (checked in constant time); the other routes stay open. Errors use
 OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: domain errors (and unexpected
 exceptions, as internal errors) from the one table in specdec.errors, request validation as a 400
 naming the param, unknown routes and methods as 404 / 405.
@@ -25,14 +26,17 @@ from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, do
 from gateway.openai.serving_chat import OpenAIServingChat
 from gateway.openai.serving_completion import OpenAIServingCompletion
 from specdec.errors import AuthenticationError, SpecDecError
+from specdec.serving.auth import MISSING_OR_WRONG, ApiKeys
 from specdec.serving.metrics import CONTENT_TYPE, exposition, request_error
 
 # the type names pydantic appends to the location of an error in a union field ("stop.str")
 _TYPE_NAME = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
 
 
-def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: str | None = None,
+def create_app(gateway: Gateway, api_key: ApiKeys | str | list[str] | None = None, served_model_name: str | None = None,
                request_timeout: float | None = None) -> FastAPI:
+    """``api_key``: the accepted key(s); none: /v1/* is open."""
+    keys = api_key if isinstance(api_key, ApiKeys) else ApiKeys.load(api_key)
     app = FastAPI(title="specdec", version=specdec.__version__)
     model_name = served_model_name or gateway.model_name
     created = int(time.time())
@@ -46,9 +50,8 @@ def create_app(gateway: Gateway, api_key: str | None = None, served_model_name: 
         if not request.url.path.startswith("/v1/"):
             return await call_next(request)
         length = request.headers.get("content-length", "")
-        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
-            response = domain_error_response(
-                AuthenticationError("invalid or missing API key: send 'Authorization: Bearer <key>'"))
+        if not keys.check(request.headers.get("authorization")):  # constant time, every key compared
+            response = domain_error_response(AuthenticationError(MISSING_OR_WRONG))
         elif (length.isdigit() and int(length) > max_body) or "chunked" in request.headers.get("transfer-encoding", ""):
             response = error_response(413, f"the request body is larger than this server's limit of {max_body} bytes "
                                       "(--max-request-body-bytes), or not sent with a Content-Length",
@@ -139,7 +142,9 @@ def install_error_handlers(app: FastAPI) -> None:
 class HttpServer:
     """uvicorn in a background thread on a socket we bind ourselves (so port 0 works in tests)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int):
+    def __init__(self, app: FastAPI, host: str, port: int, ssl_certfile: str | None = None,
+                 ssl_keyfile: str | None = None):
+        """``ssl_certfile`` + ``ssl_keyfile`` (PEM): serve HTTPS (uvicorn's settings, as vLLM's flags)."""
         import uvicorn
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -147,12 +152,16 @@ class HttpServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                                    ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
+        if not self.server.started:  # e.g. uvicorn could not load the TLS files
+            self.stop()
+            raise OSError(f"the HTTP server on {host}:{self.port} did not start (see the log)")
 
     def stop(self) -> None:
         self.server.should_exit = True

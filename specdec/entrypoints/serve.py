@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from specdec.serving import settings
+from specdec.serving.tls import server_tls_field
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, default_speculative_config, legacy_speculative_config
 
 logger = logging.getLogger(__name__)
@@ -24,9 +25,18 @@ class ServeConfig:
     speculative_config: str | None = field(default=None, metadata={"help": "JSON: {\"method\": \"draft_model\", \"model\": DRAFT, \"num_speculative_tokens\": k, ...}"})
     host: str = field(default="0.0.0.0", metadata={"help": "address the gateway binds"})
     port: int = field(default=8000, metadata={"help": "OpenAI-compatible HTTP port (-1: no HTTP)"})
-    api_key: str | None = field(default=None, metadata={"help": "when set, /v1/* needs 'Authorization: Bearer <key>'"})
+    api_key: list[str] = field(default_factory=list, metadata={
+        "help": "when set, /v1/* and the gRPC GenerationService need 'Authorization: Bearer <key>' with one of the "
+                "keys (repeat the flag, or comma-separate, for several)", "secret": True})
+    api_key_file: str | None = field(default=None, metadata={"help": "file of accepted API keys, one per line "
+                                                                     "(blank lines and '#' comments ignored)"})
+    ssl_certfile: str | None = field(default=None, metadata={"help": "PEM certificate of the HTTP port: serve HTTPS"})
+    ssl_keyfile: str | None = field(default=None, metadata={"help": "PEM private key of --ssl-certfile"})
     served_model_name: str | None = field(default=None, metadata={"help": "model id clients send (default: TARGET)"})
     grpc_port: int = field(default=50050, metadata={"help": "gateway GenerationService gRPC port"})
+    tls_cert_file: str | None = server_tls_field("tls_cert_file")
+    tls_key_file: str | None = server_tls_field("tls_key_file")
+    tls_client_ca_file: str | None = server_tls_field("tls_client_ca_file")
     seed: int = field(default=0, metadata={"help": "global random seed (requests without a seed)"})
     max_model_len: int | None = field(default=None, metadata={"help": "cap on prompt + output tokens"})
     dtype: str = field(default="auto", metadata={"help": "target dtype: float32 (auto on CPU) or bfloat16"})
@@ -69,6 +79,16 @@ class Stack:
                 handle.stop(grace)
 
 
+def check_security_files(cfg: ServeConfig) -> None:
+    """Read the API key file and the TLS files, and check each certificate against its key (ConfigError)."""
+    from specdec.serving.auth import ApiKeys
+    from specdec.serving.tls import check_key_pair, server_credentials
+
+    ApiKeys.load(cfg.api_key, cfg.api_key_file)
+    server_credentials(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
+    check_key_pair(cfg.ssl_certfile, cfg.ssl_keyfile, "--ssl-certfile", "--ssl-keyfile")
+
+
 def start_stack(cfg: ServeConfig) -> Stack:
     from draft_service.config import DraftServiceConfig
     from draft_service.server import create_server as create_draft
@@ -82,6 +102,7 @@ def start_stack(cfg: ServeConfig) -> Stack:
     from specdec.serving.batching import ComputeThread
 
     spec = resolve_speculative_config(cfg)
+    check_security_files(cfg)  # before minutes of model loading, not after
     target_model = cfg.model or DEFAULT_TARGET
     max_len = min(x for x in (cfg.max_model_len, spec.max_model_len if spec else None, 10**9) if x)
     max_len = None if max_len == 10**9 else max_len
@@ -110,7 +131,9 @@ def start_stack(cfg: ServeConfig) -> Stack:
             draft_addr=f"127.0.0.1:{draft.port}" if draft else None,
             target_addr=f"127.0.0.1:{target.port}",
             host=cfg.host, port=cfg.grpc_port, max_model_len=max_len,
-            http_port=None if cfg.port < 0 else cfg.port, api_key=cfg.api_key,
+            http_port=None if cfg.port < 0 else cfg.port, api_key=cfg.api_key, api_key_file=cfg.api_key_file,
+            ssl_certfile=cfg.ssl_certfile, ssl_keyfile=cfg.ssl_keyfile, tls_cert_file=cfg.tls_cert_file,
+            tls_key_file=cfg.tls_key_file, tls_client_ca_file=cfg.tls_client_ca_file,
             served_model_name=cfg.served_model_name or target_model,
             num_speculative_tokens=spec.num_speculative_tokens if spec else 1,
             draft_sample_method=spec.draft_sample_method if spec else "greedy",
@@ -143,8 +166,9 @@ def run(args: argparse.Namespace) -> int:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     stack = start_stack(cfg)
-    logger.info("specdec serving: OpenAI HTTP on %s:%s, gateway gRPC on %s:%d (target on :%d, draft on %s)",
-                cfg.host, stack.gateway.http_port, cfg.host, stack.gateway.port, stack.target.port,
+    logger.info("specdec serving: OpenAI %s on %s:%s, gateway gRPC%s on %s:%d (target on :%d, draft on %s)",
+                "HTTPS" if cfg.ssl_certfile else "HTTP", cfg.host, stack.gateway.http_port,
+                " (TLS)" if cfg.tls_cert_file else "", cfg.host, stack.gateway.port, stack.target.port,
                 f":{stack.draft.port}" if stack.draft else "none")
     try:
         serve_until_signal(stack.gateway)

@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from specdec.serving import metrics as M
+from specdec.serving.auth import bearer_metadata
 from specdec.v1 import generation_service_pb2_grpc
 from tests.gateway.openai.http_helpers import K, KEY, PROMPTS, base_url, openai_client, raw_client, serve, stream_texts
 from tests.metrics_helpers import delta, promtool_problems, scrape, total
@@ -70,7 +71,7 @@ def test_counters_agree_with_usage(stack, model):
     # and one over gRPC: its last response carries the same statistics
     with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
         out = collect(generation_service_pb2_grpc.GenerationServiceStub(channel).Generate(
-            generate_request(PROMPTS[0], max_tokens=N, k=2), timeout=60))
+            generate_request(PROMPTS[0], max_tokens=N, k=2), metadata=bearer_metadata(KEY), timeout=60))
     s = out.last.stats
     acc["num_drafts"] += s.num_drafts
     acc["num_draft_tokens"] += s.num_draft_tokens
@@ -124,7 +125,8 @@ def test_errors_are_counted_by_status(stack, model):
     with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         with pytest.raises(grpc.RpcError) as info:
-            list(stub.Generate(generate_request(PROMPTS[0], max_tokens=N, k=99), timeout=30))
+            list(stub.Generate(generate_request(PROMPTS[0], max_tokens=N, k=99), metadata=bearer_metadata(KEY),
+                               timeout=30))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     _, after = _metrics(stack)
     labels = {"service": "gateway", "model_name": model}

@@ -194,3 +194,55 @@ def test_boolean_flags_take_the_vllm_form():
     assert parse(["--draft-fallback", "false", "--use-heterogeneous-vocab", "true"]) == Cfg(False, True)
     assert parse([], {"SPECDEC_TEST_DRAFT_FALLBACK": "false"}) == Cfg(False, False)
     assert parse(["--draft-fallback"], {"SPECDEC_TEST_DRAFT_FALLBACK": "false"}) == Cfg(True, False)
+
+
+# --------------------------------------------------------------------------------------------------
+# list fields (--api-key): repeated flags or comma-separated text; the flags replace the env var's list
+
+
+def test_a_list_field_defaults_to_an_empty_list():
+    assert parse(GatewayConfig, GATEWAY_PREFIX).api_key == []
+    assert parse(ServeConfig, SERVE_PREFIX).api_key == []
+
+
+def test_a_list_flag_may_be_repeated_or_comma_separated():
+    cfg = parse(GatewayConfig, GATEWAY_PREFIX, ["--api-key", "k1", "--api-key", "k2, k3", "--port", "1"])
+    assert cfg.api_key == ["k1", "k2", "k3"] and cfg.port == 1
+
+
+@pytest.mark.parametrize(("text", "keys"), [("k1", ["k1"]), ("k1,k2", ["k1", "k2"]), (" k1 , ,k2 ", ["k1", "k2"]),
+                                            ("", [])])
+def test_a_list_env_var_is_comma_separated(monkeypatch, text, keys):
+    monkeypatch.setenv("SPECDEC_GATEWAY_API_KEY", text)  # docker-compose sets it empty when unset
+    assert parse(GatewayConfig, GATEWAY_PREFIX).api_key == keys
+
+
+def test_list_flags_replace_the_env_var_list(monkeypatch):
+    monkeypatch.setenv("SPECDEC_SERVE_API_KEY", "from-env-1,from-env-2")
+    assert parse(ServeConfig, SERVE_PREFIX, ["--api-key", "a", "--api-key", "b"]).api_key == ["a", "b"]
+    assert parse(ServeConfig, SERVE_PREFIX).api_key == ["from-env-1", "from-env-2"]
+
+
+def test_a_secret_never_shows_in_help(monkeypatch):
+    monkeypatch.setenv("SPECDEC_GATEWAY_API_KEY", "sk-very-secret")
+    parser = argparse.ArgumentParser(prog="test", formatter_class=lambda prog: argparse.HelpFormatter(prog, width=10**4))
+    settings.add_arguments(parser, GatewayConfig, GATEWAY_PREFIX)
+    help_text = parser.format_help()
+    assert "sk-very-secret" not in help_text and "SPECDEC_GATEWAY_API_KEY; default hidden" in help_text
+
+
+@pytest.mark.parametrize(("cls", "prefix"), [(DraftServiceConfig, DRAFT_PREFIX), (TargetServiceConfig, TARGET_PREFIX),
+                                             (GatewayConfig, GATEWAY_PREFIX), (ServeConfig, SERVE_PREFIX)])
+def test_every_grpc_server_takes_the_tls_flags(monkeypatch, cls, prefix):
+    monkeypatch.setenv(f"{prefix}_TLS_KEY_FILE", "/k.pem")
+    cfg = parse(cls, prefix, ["--tls-cert-file", "/c.pem", "--tls-client-ca-file", "/ca.pem"])
+    assert (cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file) == ("/c.pem", "/k.pem", "/ca.pem")
+
+
+def test_gateway_backend_tls_and_https_flags(monkeypatch):
+    monkeypatch.setenv("SPECDEC_GATEWAY_BACKEND_TLS_CA_FILE", "/ca.pem")
+    cfg = parse(GatewayConfig, GATEWAY_PREFIX, ["--backend-tls-cert-file", "/c.pem", "--backend-tls-key-file", "/k.pem",
+                                                "--ssl-certfile", "/s.pem", "--ssl-keyfile", "/s.key",
+                                                "--api-key-file", "/keys"])
+    assert (cfg.backend_tls_ca_file, cfg.backend_tls_cert_file, cfg.backend_tls_key_file) == ("/ca.pem", "/c.pem", "/k.pem")
+    assert (cfg.ssl_certfile, cfg.ssl_keyfile, cfg.api_key_file) == ("/s.pem", "/s.key", "/keys")
