@@ -404,8 +404,8 @@ def test_the_cli_reads_the_containers_settings(case, monkeypatch):
     assert draft.tli_proposals == spec["tli_proposals"]
     assert draft.revision == spec["revision"]
     assert gateway.max_model_len == draft.max_model_len == target.max_model_len == spec["max_model_len"]
-    assert gateway.api_key == (API_KEY if values["gateway"]["apiKey"]["value"]
-                               or values["gateway"]["apiKey"]["existingSecret"] else None)
+    assert gateway.api_key == ([API_KEY] if values["gateway"]["apiKey"]["value"]
+                               or values["gateway"]["apiKey"]["existingSecret"] else [])
     for role, config in (("gateway", gateway), ("draft", draft), ("target", target)):
         for name, value in values[role]["config"].items():
             assert getattr(config, name) == value, (role, name)
