@@ -48,11 +48,11 @@ def test_a_generation_through_tls_equals_the_plaintext_one(pki, tls_stack, gen_s
             over_tls = generate(stub, generate_request(prompt, max_tokens=N))
             plaintext = generate(gen_stub, generate_request(prompt, max_tokens=N))  # the plaintext stack
             assert over_tls.token_ids == plaintext.token_ids and over_tls.text == plaintext.text
-            assert len(over_tls.token_ids) == N and over_tls.last.stats.num_drafts > 0  # the draft took part
+            assert len(over_tls.token_ids) == N and over_tls.last.stats.num_draft_tokens > 0  # the draft took part
         sampled = [generate(s, generate_request(PROMPTS[0], max_tokens=N, temperature=1.0, seed=7)).token_ids
                    for s in (stub, gen_stub)]
         assert sampled[0] == sampled[1]
-    assert gateway.backend.check_backends() == []  # /ready's health checks go over mutual TLS too
+    assert gateway.backend.check_backends() == ([], [])  # /ready's health checks go over mutual TLS too
 
 
 def test_the_gateway_port_refuses_plaintext(tls_stack):
