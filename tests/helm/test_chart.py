@@ -200,7 +200,7 @@ def test_defaults_render_what_is_expected():
     ({"speculativeConfig": {"use_heterogeneous_vocab": "yes"}},
      "at '/speculativeConfig/use_heterogeneous_vocab': got string, want boolean"),
     ({"speculativeConfig": {"num_spec_tokens": 4}}, "additional properties 'num_spec_tokens' not allowed"),
-    ({"speculativeConfig": {"method": "ngram"}}, "at '/speculativeConfig/method'"),
+    ({"speculativeConfig": {"method": "eagle"}}, "at '/speculativeConfig/method'"),
     ({"target": {"config": {"max_batch_sise": 8}}}, "additional properties 'max_batch_sise' not allowed"),
     ({"draft": {"config": {"port": 1}}}, "additional properties 'port' not allowed"),
     ({"gateway": {"httpPort": 80000}}, "at '/gateway/httpPort'"),
@@ -691,3 +691,17 @@ def test_dockerfile_builds_the_image_the_chart_expects():
             values["draft"]["metricsPort"], values["target"]["port"], values["target"]["metricsPort"]} <= exposed
     assert values["modelCache"]["mountPath"] == "/cache"
     assert "import specdec.entrypoints.healthcheck" in text  # the probe docker-compose runs is in the image
+
+
+def test_ngram_and_hybrid_drafting_reach_the_draft_service():
+    """speculativeConfig's n-gram keys become the draft service's and the gateway's settings."""
+    docs = render({"speculativeConfig": {"method": "ngram", "prompt_lookup_max": 5, "prompt_lookup_min": 2,
+                                          "disable_by_batch_size": 8}})
+    env = {d["metadata"]["name"]: {e["name"]: e.get("value") for e in
+                                   d["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+           for d in docs if d["kind"] == "Deployment"}
+    draft = next(v for k, v in env.items() if k.endswith("draft"))
+    gateway = next(v for k, v in env.items() if k.endswith("gateway"))
+    assert (draft["SPECDEC_DRAFT_METHOD"], draft["SPECDEC_DRAFT_PROMPT_LOOKUP_MAX"],
+            draft["SPECDEC_DRAFT_PROMPT_LOOKUP_MIN"]) == ("ngram", "5", "2")
+    assert gateway["SPECDEC_GATEWAY_DISABLE_BY_BATCH_SIZE"] == "8"

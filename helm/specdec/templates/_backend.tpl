@@ -86,6 +86,16 @@ spec:
             - name: SPECDEC_DRAFT_REVISION
               value: {{ . | quote }}
             {{- end }}
+            - name: SPECDEC_DRAFT_METHOD
+              value: {{ $spec.method | default "draft_model" | quote }}
+            {{- with $spec.prompt_lookup_max }}
+            - name: SPECDEC_DRAFT_PROMPT_LOOKUP_MAX
+              value: {{ include "specdec.envValue" . }}
+            {{- end }}
+            {{- with $spec.prompt_lookup_min }}
+            - name: SPECDEC_DRAFT_PROMPT_LOOKUP_MIN
+              value: {{ include "specdec.envValue" . }}
+            {{- end }}
             {{- end }}
             {{- with include "specdec.configEnv" (dict "prefix" $prefix "config" $v.config) }}
             {{- . | trim | nindent 12 }}
