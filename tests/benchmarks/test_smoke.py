@@ -169,3 +169,75 @@ def test_smoke_json_goes_to_a_temporary_folder(monkeypatch):
     assert smoke.name == "x.json" and ROOT not in smoke.parents
     assert common.json_path(ap.parse_args([]), "x") == Path("bench_results") / "x.json"
     assert common.json_path(ap.parse_args(["--smoke", "--out", "a/b.json"]), "x") == Path("a/b.json")
+
+
+# --------------------------------------------------------------------------------------------------
+# soak.py and bench_metrics.py: the stack as three processes (target, draft, gateway), ~1 minute each
+
+
+SOAK = Expected(
+    "soak.py", ["kind", "requests", "completed", "cancelled", "errors", "e2e p50 s", "e2e p99 s", "TTFT p50 s",
+                "TTFT p99 s", "tokens/s"], "kind",
+    ["greedy", "sampled", "streamed", "cancelled half-way", "all"],
+    {"target", "draft", "k", "clients", "minutes", "seed", "kill_draft_at", "draft_down_seconds", "draft_fallback",
+     "measured_seconds", "errors", "unexpected_errors", "draft_outage", "rounds_without_draft", "rounds_with_drafts",
+     "gateway_request_errors", "end_state", "greedy_checked", "greedy_mismatches", "processes", "rss_timeline_mb",
+     "log_problems", "checks", "cpu"},
+    numeric=["tokens/s", "requests", "completed", "cancelled", "errors"])
+METRICS = Expected(
+    "bench_metrics.py", ["run", "tokens/s", "vs mean without", "scrapes", "scrape p50 ms", "scrape p99 ms"], "run",
+    ["without scraper #1", "with scraper #1"],
+    {"target", "draft", "k", "protocol", "streams", "max_tokens", "pairs", "interval_ms", "endpoints",
+     "tokens_per_s_without", "tokens_per_s_with", "with_over_without", "pairwise_ratios", "without_spread",
+     "load_errors", "failed_scrapes", "checks", "cpu"},
+    numeric=["tokens/s", "vs mean without", "scrapes"])
+
+
+def check_soak(stdout: str, data: dict) -> None:
+    rows = {r["kind"]: r for r in data["rows"]}
+    total = rows["all"]
+    for key in ("requests", "completed", "cancelled", "errors"):  # "all" sums the kinds
+        assert total[key] == sum(r[key] for kind, r in rows.items() if kind != "all"), key
+    for r in data["rows"]:
+        assert r["requests"] == r["completed"] + r["cancelled"] + r["errors"], r
+    assert rows["greedy"]["requests"] > 0 and rows["cancelled half-way"]["requests"] > 0
+    assert rows["cancelled half-way"]["completed"] == 0  # every one of them is closed by the client (or fails)
+    for e in data["errors"]:
+        assert {"kind", "count", "expected", "unexpected", "during_outage", "example"} <= set(e)
+        assert e["expected"] + e["unexpected"] == e["count"]
+    assert data["unexpected_errors"] == sum(e["unexpected"] for e in data["errors"])
+    # the draft was killed and started again, as a new process
+    outage = data["draft_outage"]
+    assert outage["killed_at"] is not None and outage["restarted_at"] is not None and outage["serving_at"] is not None
+    assert outage["exit_code"] == -9  # SIGKILL
+    procs = {p["process"]: p for p in data["processes"]}
+    assert set(procs) == {"target", "draft", "gateway"}
+    assert procs["draft"]["restarted"] and not procs["target"]["restarted"] and not procs["gateway"]["restarted"]
+    for p in procs.values():
+        assert p["RSS start MB"] > 0 and p["RSS end MB"] > 0 and isinstance(p["growth %"], float), p
+    assert isinstance(data["rounds_without_draft"], dict) and data["rounds_with_drafts"] >= 0
+    assert all(isinstance(v, bool) for v in data["checks"].values()) and len(data["checks"]) >= 2
+    for name, ok in data["checks"].items():  # printed as PASS/FAIL lines
+        assert f"{'PASS' if ok else 'FAIL'}: {name}" in stdout
+    assert data["rss_timeline_mb"] and {"t", "target", "draft", "gateway"} <= set(data["rss_timeline_mb"][0])
+
+
+def check_metrics(stdout: str, data: dict) -> None:
+    assert [r["scrapes"] for r in data["rows"]][0] == 0  # no scraper in the A run
+    scraped = data["rows"][1]
+    assert scraped["scrapes"] > 0 and isinstance(scraped["scrape p50 ms"], float)
+    assert [e["endpoint"].split()[0] for e in data["endpoints"]] == ["gateway", "target", "draft"]
+    for e in data["endpoints"]:
+        assert e["scrapes"] > 0 and e["bytes"] > 0 and e["samples"] > 0, e
+    assert len(data["tokens_per_s_without"]) == len(data["tokens_per_s_with"]) == 1
+    assert isinstance(data["with_over_without"], float) and math.isfinite(data["with_over_without"])
+    for name, ok in data["checks"].items():
+        assert f"{'PASS' if ok else 'FAIL'}: {name}" in stdout
+
+
+@pytest.mark.parametrize("exp, extra", [pytest.param(SOAK, check_soak, id="soak.py"),
+                                        pytest.param(METRICS, check_metrics, id="bench_metrics.py")])
+def test_smoke_service_processes(exp: Expected, extra, tmp_path):
+    stdout, data = run_smoke(exp, tmp_path)
+    check(exp, stdout, data)
+    extra(stdout, data)

@@ -1,0 +1,902 @@
+"""Soak: N concurrent clients for M minutes against the stack run as three processes, the draft killed
+(SIGKILL) and restarted mid-run.
+
+The target service, the draft service and the gateway (gRPC + OpenAI HTTP) each run as a process of
+their own, started with ``specdec target-service`` / ``draft-service`` / ``gateway`` (new sessions, as
+containers would be), each logging to a file. The clients mix four kinds of request, each client
+cycling through all of them, over both protocols:
+
+  * greedy:             HTTP ``/v1/completions``, temperature 0 (or a gRPC ``Generate`` stream, greedy);
+                        every greedy answer is compared with the first answer to the same request
+  * sampled:            HTTP ``/v1/chat/completions``, temperature 0.8, top_p 0.95, a seed
+  * streamed:           HTTP SSE ``/v1/completions`` (sampled) or a gRPC ``Generate`` stream (greedy)
+  * cancelled half-way: an HTTP SSE chat stream or a gRPC stream the client closes once half of its
+                        ``max_tokens`` have arrived
+
+After a warm-up with the same load, the measured run starts; at ``--kill-draft-at`` of it the draft
+process is SIGKILLed, and ``--draft-down-seconds`` later started again on the same port. With the
+gateway's draft fallback on (the default) rounds verify without drafts meanwhile, so no request should
+fail: every error is unexpected. With ``--no-draft-fallback``, rounds wait for the draft instead (the
+gateway retries an unavailable backend up to its ``--backend-timeout-seconds``), so requests in flight
+during the outage stall, and may fail with UNAVAILABLE / 503 past that; those errors count as expected.
+
+Reported: requests by outcome (completed, cancelled by the client, errors by kind and status, expected or
+not), p50/p99 latency (end to end; time to first token for streams), tokens/s, the rounds the gateway ran
+without a draft (``specdec_rounds_without_draft_total`` from its ``/metrics``), and each process's RSS after
+the warm-up and at the end. Goals (printed as PASS/FAIL lines, never asserted): zero unexpected errors,
+RSS growth under 5% after the warm-up. The exit code is 0 unless the harness itself failed (``--strict``:
+1 on any FAIL).
+
+    python benchmarks/soak.py --clients 4 --minutes 3 --kill-draft-at 0.4 --draft-down-seconds 10
+    python benchmarks/soak.py --smoke   # tiny random-weight pair, ~1 minute with start-up: checks the script runs
+
+``ProcessStack`` and the ``/metrics`` helpers here are also used by ``bench_metrics.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, json_path, print_table, smoke_environment,  # noqa: E402
+                    smoke_models, write_json)
+
+from specdec.config import DEFAULT_TARGET, default_draft_path, default_speculative_config  # noqa: E402
+from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+KINDS = ["greedy", "sampled", "streamed", "cancelled half-way"]
+COLUMNS = ["kind", "requests", "completed", "cancelled", "errors", "e2e p50 s", "e2e p99 s", "TTFT p50 s",
+           "TTFT p99 s", "tokens/s"]
+RSS_GROWTH_GOAL_PCT = 5.0
+# Errors a run expects, by kind, and when: with the draft fallback on (the default) a draft outage costs
+# no request, so nothing is expected. Without it, requests in flight while the draft is down may fail.
+EXPECTED_WITHOUT_FALLBACK = {"gRPC UNAVAILABLE", "HTTP 503", "HTTP stream error (backend_unavailable)"}
+OUTAGE_SLACK_S = 15.0  # an error this long after the draft serves again still counts as "during the outage"
+
+
+# --------------------------------------------------------------------------------------------------
+# the stack as three processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and the SIMD / matrix flags that decide the speed of a forward pass."""
+    model, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model is None:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"]
+    return {"model": model, "cores": len(os.sched_getaffinity(0)), "flags": [f for f in wanted if f in flags]}
+
+
+class ServiceProc:
+    """One ``specdec`` service as a process of its own (a new session), logging to a file; ``start`` waits
+    until it is ready (backends: gRPC health SERVING; gateway: HTTP ``/ready`` answers 200)."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path, port: int, http_port: int | None = None,
+                 metrics_port: int | None = None):
+        self.name = name
+        self.argv = argv
+        self.port = port
+        self.http_port = http_port
+        self.metrics_port = metrics_port
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.pids: list[int] = []  # every process started (a restart adds one)
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def launch(self) -> "ServiceProc":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== {time.strftime('%H:%M:%S')} start: {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen([sys.executable, "-m", "specdec.entrypoints.cli", *self.argv], cwd=ROOT, env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pids.append(self.proc.pid)
+        return self
+
+    def wait_ready(self, timeout: float) -> "ServiceProc":
+        give_up = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            if self.ready():
+                return self
+            if time.monotonic() > give_up:
+                raise SystemExit(f"{self.name} was not ready within {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def ready(self) -> bool:
+        if self.http_port is not None:
+            try:
+                conn = http.client.HTTPConnection(HOST, self.http_port, timeout=5)
+                try:
+                    conn.request("GET", "/ready")
+                    return conn.getresponse().status == 200
+                finally:
+                    conn.close()
+            except OSError:
+                return False
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(self.address) as channel:
+            try:
+                status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status
+            except grpc.RpcError:
+                return False
+        return status == health_pb2.HealthCheckResponse.SERVING
+
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
+        """Send ``sig`` to the process (only it) and wait for it to end; its exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM (the service drains and exits), SIGKILL past ``grace``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill(signal.SIGTERM, grace)
+
+    def rss(self) -> int | None:
+        """Resident set size in bytes (None when the process is not running)."""
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        try:
+            return psutil.Process(self.proc.pid).memory_info().rss
+        except psutil.Error:
+            return None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+class ProcessStack:
+    """Target service, draft service and gateway (gRPC + HTTP) as three processes on loopback ports, the
+    backends with ``--metrics-port``. Started together (the gateway waits for its backends)."""
+
+    def __init__(self, target: str, draft: str, *, k: int, log_dir: Path, dtype: str = "float32",
+                 draft_dtype: str | None = None, target_threads: int = 0, draft_threads: int = 0,
+                 max_batch_size: int = 16, gateway_args: tuple[str, ...] = ()):
+        self.log_dir = log_dir
+        common = ["--host", HOST, "--max-batch-size", str(max_batch_size)]
+        tp, dp = free_port(), free_port()
+        self.target = ServiceProc("target", [
+            "target-service", "--model", target, "--port", str(tp), "--metrics-port", str(tm := free_port()),
+            "--dtype", dtype, "--num-threads", str(target_threads), *common], log_dir, tp, metrics_port=tm)
+        self.draft = ServiceProc("draft", [
+            "draft-service", "--model", draft, "--port", str(dp), "--metrics-port", str(dm := free_port()),
+            "--dtype", draft_dtype or dtype, "--num-threads", str(draft_threads), *common], log_dir, dp, metrics_port=dm)
+        gp, hp = free_port(), free_port()
+        self.gateway = ServiceProc("gateway", [
+            "gateway", "--target-addr", self.target.address, "--draft-addr", self.draft.address, "--host", HOST,
+            "--port", str(gp), "--http-port", str(hp), "--num-speculative-tokens", str(k), *gateway_args],
+            log_dir, gp, http_port=hp)
+        self.procs = [self.target, self.draft, self.gateway]
+
+    def __enter__(self) -> "ProcessStack":
+        try:
+            for p in self.procs:
+                p.launch()
+            for p in self.procs:
+                p.wait_ready(900)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.stop()
+        return False
+
+    def stop(self) -> None:
+        for p in (self.gateway, self.draft, self.target):
+            p.stop()
+
+    def metrics_urls(self) -> dict[str, tuple[int, str]]:
+        """name -> (port, path) of every /metrics endpoint: the gateway's HTTP port and the backends' own."""
+        return {"gateway": (self.gateway.http_port, "/metrics"), "target": (self.target.metrics_port, "/metrics"),
+                "draft": (self.draft.metrics_port, "/metrics")}
+
+    def model_id(self) -> str:
+        status, body = http_json(self.gateway.http_port, "GET", "/v1/models", None, 30)
+        if status != 200:
+            raise SystemExit(f"GET /v1/models answered {status}: {body}")
+        return body["data"][0]["id"]
+
+
+# --------------------------------------------------------------------------------------------------
+# /metrics
+
+
+def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a ``/metrics`` exposition: (sample name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = get(port, "/metrics", 30)
+    if status != 200:
+        raise RuntimeError(f"GET :{port}/metrics answered {status}")
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+
+
+def metric(samples: dict, name: str, by: str | None = None, **labels: str) -> float | dict[str, float]:
+    """The sum of ``name``'s samples whose labels include ``labels``; grouped by the label ``by`` if given."""
+    out: dict[str, float] = defaultdict(float)
+    for (n, labs), v in samples.items():
+        if n != name:
+            continue
+        d = dict(labs)
+        if all(d.get(k) == v2 for k, v2 in labels.items()):
+            out[d.get(by, "") if by else ""] += v
+    return dict(out) if by else out.get("", 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# clients
+
+
+@dataclass
+class Result:
+    kind: str
+    protocol: str
+    began: float  # monotonic
+    outcome: str = "error"  # completed / cancelled / error
+    e2e: float | None = None
+    ttft: float | None = None
+    tokens: int = 0
+    error: str | None = None  # its kind, e.g. "HTTP 503", "gRPC UNAVAILABLE"
+    detail: str | None = None
+    greedy_key: tuple | None = None
+    text: str | None = None
+
+
+class RequestError(Exception):
+    def __init__(self, kind: str, detail: str = ""):
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail = kind, detail
+
+
+def http_json(port: int, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, dict | str]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request(method, path, None if body is None else json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, raw[:500].decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def _error_message(body) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", body["error"]))[:300]
+    return str(body)[:300]
+
+
+def http_request(port: int, path: str, body: dict, timeout: float, res: Result) -> None:
+    """A non-streamed completion or chat completion."""
+    try:
+        status, out = http_json(port, "POST", path, body, timeout)
+    except (TimeoutError, socket.timeout) as exc:
+        raise RequestError("client timeout", str(exc)) from None
+    except OSError as exc:
+        raise RequestError(f"connection {type(exc).__name__}", str(exc)) from None
+    if status != 200:
+        raise RequestError(f"HTTP {status}", _error_message(out))
+    choice = out["choices"][0]
+    res.text = choice["text"] if "text" in choice else choice["message"]["content"]
+    res.tokens = out["usage"]["completion_tokens"]
+    res.e2e = time.monotonic() - res.began
+    res.outcome = "completed"
+
+
+def http_stream(port: int, path: str, body: dict, timeout: float, res: Result, cancel_at: int | None = None,
+                count_tokens=None) -> None:
+    """An SSE stream; with ``cancel_at``, the client closes the connection once that many tokens arrived
+    (counted by re-tokenizing the text: SSE chunks carry text only)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    deadline = res.began + timeout
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RequestError(f"HTTP {resp.status}", _error_message(_loads(resp.read())))
+        pieces: list[str] = []
+        done = False
+        while True:
+            if time.monotonic() > deadline:
+                raise RequestError("client timeout", f"stream still open after {timeout:.0f} s")
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                err = obj["error"] if isinstance(obj["error"], dict) else {"message": obj["error"]}
+                raise RequestError(f"HTTP stream error ({err.get('code') or err.get('type')})", str(err.get("message"))[:300])
+            if obj.get("usage"):
+                res.tokens = obj["usage"]["completion_tokens"]
+            for ch in obj.get("choices", []):
+                piece = ch.get("text")
+                if piece is None:
+                    piece = (ch.get("delta") or {}).get("content")
+                if piece:
+                    if res.ttft is None:
+                        res.ttft = time.monotonic() - res.began
+                    pieces.append(piece)
+            if cancel_at is not None and pieces and count_tokens("".join(pieces)) >= cancel_at:
+                res.tokens = count_tokens("".join(pieces))
+                res.text = "".join(pieces)
+                res.e2e = time.monotonic() - res.began
+                res.outcome = "cancelled"
+                return  # closing the connection (finally) is the cancel
+        if not done:
+            raise RequestError("stream ended without [DONE]", f"{len(pieces)} chunks")
+        res.text = "".join(pieces)
+        if not res.tokens:
+            res.tokens = count_tokens(res.text)
+        res.e2e = time.monotonic() - res.began
+        res.outcome = "completed"
+    except (TimeoutError, socket.timeout) as exc:
+        raise RequestError("client timeout", str(exc)) from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise RequestError(f"connection {type(exc).__name__}", str(exc)) from None
+    finally:
+        conn.close()
+
+
+def _loads(raw: bytes):
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw[:300].decode(errors="replace")
+
+
+def grpc_stream(stub, req: pb.GenerateRequest, timeout: float, res: Result, cancel_at: int | None = None) -> None:
+    call = stub.Generate(req, timeout=timeout)
+    pieces: list[str] = []
+    finished = False
+    try:
+        for resp in call:
+            if resp.token_ids and res.ttft is None:
+                res.ttft = time.monotonic() - res.began
+            res.tokens += len(resp.token_ids)
+            pieces.append(resp.text)
+            if resp.finish_reason:
+                finished = True
+            if cancel_at is not None and res.tokens >= cancel_at:
+                call.cancel()
+                res.outcome = "cancelled"
+                res.e2e = time.monotonic() - res.began
+                res.text = "".join(pieces)
+                return
+    except grpc.RpcError as exc:
+        raise RequestError(f"gRPC {exc.code().name}", (exc.details() or "")[:300]) from None
+    if not finished:
+        raise RequestError("gRPC stream ended without a finish reason", f"{res.tokens} tokens")
+    res.text = "".join(pieces)
+    res.e2e = time.monotonic() - res.began
+    res.outcome = "completed"
+
+
+@dataclass
+class Load:
+    """What the clients send."""
+
+    http_port: int
+    grpc_port: int
+    model_id: str
+    prompts: list[str]
+    max_tokens: list[int]
+    timeout: float
+    count_tokens: object  # text -> number of tokens (the target's tokenizer)
+    seed: int
+
+
+def one_request(load: Load, stub, kind: str, variant: int, rng: random.Random) -> Result:
+    prompt = rng.choice(load.prompts)
+    max_tokens = rng.choice(load.max_tokens)
+    half = max(1, max_tokens // 2)
+    seed = rng.randrange(2**31)
+    common = {"model": load.model_id, "max_tokens": max_tokens, "ignore_eos": True}
+    chat = {**common, "messages": [{"role": "user", "content": prompt}]}
+    greedy_grpc = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=True,
+                                      sampling_params=common_pb2.SamplingParams(temperature=0))
+    res = Result(kind, "", time.monotonic())
+    try:
+        if kind == "greedy" and variant == 0:
+            res.protocol, res.greedy_key = "HTTP completion", (prompt, max_tokens)
+            http_request(load.http_port, "/v1/completions", {**common, "prompt": prompt, "temperature": 0},
+                         load.timeout, res)
+        elif kind == "greedy":
+            res.protocol, res.greedy_key = "gRPC stream", (prompt, max_tokens)
+            grpc_stream(stub, greedy_grpc, load.timeout, res)
+        elif kind == "sampled":
+            res.protocol = "HTTP chat"
+            http_request(load.http_port, "/v1/chat/completions",
+                         {**chat, "temperature": 0.8, "top_p": 0.95, "seed": seed}, load.timeout, res)
+        elif kind == "streamed" and variant == 0:
+            res.protocol = "HTTP SSE completion"
+            http_stream(load.http_port, "/v1/completions",
+                        {**common, "prompt": prompt, "temperature": 0.7, "seed": seed, "stream": True,
+                         "stream_options": {"include_usage": True}}, load.timeout, res, count_tokens=load.count_tokens)
+        elif kind == "streamed":
+            res.protocol, res.greedy_key = "gRPC stream", (prompt, max_tokens)
+            grpc_stream(stub, greedy_grpc, load.timeout, res)
+        elif variant == 0:  # cancelled half-way
+            res.protocol = "HTTP SSE chat"
+            http_stream(load.http_port, "/v1/chat/completions", {**chat, "temperature": 0.7, "seed": seed, "stream": True},
+                        load.timeout, res, cancel_at=half, count_tokens=load.count_tokens)
+        else:
+            res.protocol = "gRPC stream"
+            req = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=True,
+                                     sampling_params=common_pb2.SamplingParams(temperature=0.7, seed=seed))
+            grpc_stream(stub, req, load.timeout, res, cancel_at=half)
+    except RequestError as exc:
+        res.outcome, res.error, res.detail = "error", exc.kind, exc.detail
+        res.e2e = time.monotonic() - res.began
+    except Exception as exc:  # noqa: BLE001 - a client-side surprise is an outcome too, reported
+        res.outcome, res.error, res.detail = "error", f"client exception {type(exc).__name__}", str(exc)[:300]
+        res.e2e = time.monotonic() - res.began
+    return res
+
+
+def run_clients(load: Load, clients: int, seconds: float, phase: str, min_requests: int = 0) -> tuple[list[Result], float]:
+    """``clients`` threads send requests back to back for ``seconds``, and each at least ``min_requests``
+    (requests in flight then finish); each client cycles through every kind and variant. The results and
+    the wall time to the last one."""
+    results: list[Result] = []
+    lock = threading.Lock()
+    began = time.monotonic()
+    stop_at = began + seconds
+
+    def client(i: int) -> None:
+        rng = random.Random(f"{load.seed}-{phase}-{i}")
+        with grpc.insecure_channel(f"{HOST}:{load.grpc_port}") as channel:
+            stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+            n = first = rng.randrange(2 * len(KINDS))
+            while time.monotonic() < stop_at or n - first < min_requests:
+                kind, variant = KINDS[(i + n) % len(KINDS)], (n // len(KINDS)) % 2
+                res = one_request(load, stub, kind, variant, rng)
+                with lock:
+                    results.append(res)
+                n += 1
+
+    threads = [threading.Thread(target=client, args=(i,), name=f"client-{i}", daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.monotonic() - began
+
+
+# --------------------------------------------------------------------------------------------------
+# the draft outage, RSS sampling
+
+
+@dataclass
+class Outage:
+    kill_at_s: float
+    down_s: float
+    killed_at: float | None = None  # seconds into the measured run
+    restarted_at: float | None = None  # the new process launched
+    serving_at: float | None = None  # its health said SERVING
+    drafting_again_at: float | None = None  # the gateway's breaker closed and rounds drafted again
+    killed_pid: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    drafts_at_serving: float = 0.0  # the gateway's drafted rounds when the restarted draft served
+    drafting_again_after_run: bool = False  # seen only by probe requests after the measured run
+
+    def window(self) -> tuple[float, float] | None:
+        if self.killed_at is None:
+            return None
+        end = self.drafting_again_at or self.serving_at
+        return self.killed_at, (end + OUTAGE_SLACK_S) if end is not None else float("inf")
+
+
+def draft_outage(stack: ProcessStack, outage: Outage, t0: float, stop: threading.Event) -> None:
+    try:
+        if stop.wait(max(0.0, t0 + outage.kill_at_s - time.monotonic())):
+            return
+        outage.killed_pid = stack.draft.pid
+        outage.killed_at = time.monotonic() - t0
+        outage.exit_code = stack.draft.kill(signal.SIGKILL)
+        print(f"[{outage.killed_at:7.1f} s] draft (pid {outage.killed_pid}) SIGKILLed, exit code {outage.exit_code}",
+              flush=True)
+        stop.wait(max(0.0, t0 + outage.killed_at + outage.down_s - time.monotonic()))
+        stack.draft.launch()
+        outage.restarted_at = time.monotonic() - t0
+        print(f"[{outage.restarted_at:7.1f} s] draft restarted (pid {stack.draft.pid})", flush=True)
+        stack.draft.wait_ready(600)
+        outage.serving_at = time.monotonic() - t0
+        print(f"[{outage.serving_at:7.1f} s] draft serving again", flush=True)
+        outage.drafts_at_serving = metric(scrape(stack.gateway.http_port), "specdec_spec_decode_num_drafts_total")
+        while not stop.is_set() and not drafting_again(stack, outage, t0):
+            stop.wait(0.5)
+    except BaseException as exc:  # noqa: BLE001 - reported, and the run goes on
+        outage.error = f"{type(exc).__name__}: {exc}"[:2000]
+        print(f"draft outage: {outage.error}", flush=True)
+
+
+def drafting_again(stack: ProcessStack, outage: Outage, t0: float, note: str = "") -> bool:
+    """Whether the gateway's breaker is closed and rounds drafted since the draft served again (noted)."""
+    now = scrape(stack.gateway.http_port)
+    if (metric(now, "specdec_draft_breaker_state") == 0
+            and metric(now, "specdec_spec_decode_num_drafts_total") > outage.drafts_at_serving):
+        outage.drafting_again_at = time.monotonic() - t0
+        print(f"[{outage.drafting_again_at:7.1f} s] the gateway drafts again{note}", flush=True)
+        return True
+    return False
+
+
+def probe_until_drafting(stack: ProcessStack, outage: Outage, t0: float, load: "Load", timeout: float = 60.0) -> None:
+    """After a run that ended before speculation resumed: one greedy request at a time until it does."""
+    outage.drafting_again_after_run = True
+    give_up = time.monotonic() + timeout
+    with grpc.insecure_channel(f"{HOST}:{load.grpc_port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        while time.monotonic() < give_up:
+            req = pb.GenerateRequest(prompt=load.prompts[0], max_tokens=8, ignore_eos=True,
+                                     sampling_params=common_pb2.SamplingParams(temperature=0))
+            try:
+                for _ in stub.Generate(req, timeout=60):
+                    pass
+            except grpc.RpcError as exc:
+                print(f"probe request failed: {exc.code().name} {exc.details()}", flush=True)
+            if drafting_again(stack, outage, t0, " (probe requests after the measured run)"):
+                return
+            time.sleep(0.5)
+
+
+class RssSampler(threading.Thread):
+    """Samples every process's RSS every ``interval`` seconds (a timeline for the JSON)."""
+
+    def __init__(self, stack: ProcessStack, interval: float, t0: float):
+        super().__init__(name="rss", daemon=True)
+        self.stack, self.interval, self.t0 = stack, interval, t0
+        self.samples: list[dict] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.samples.append({"t": round(time.monotonic() - self.t0, 2),
+                                 **{p.name: _mb(p.rss()) for p in self.stack.procs}})
+            self.halt.wait(self.interval)
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else round(n / 2**20, 2)
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (None for no data)."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(-(-q * len(xs) // 100)) - 1))]
+
+
+def log_problems(path: Path, limit: int = 5) -> dict:
+    """ERROR / CRITICAL lines and tracebacks in a service's log (evidence for a report)."""
+    if not path.exists():
+        return {"errors": 0, "tracebacks": 0, "examples": []}
+    lines = path.read_text(errors="replace").splitlines()
+    bad = [ln for ln in lines if " ERROR " in ln or " CRITICAL " in ln or '"level": "ERROR"' in ln]
+    tracebacks = sum(ln.startswith("Traceback") for ln in lines)
+    return {"errors": len(bad), "tracebacks": tracebacks, "examples": bad[:limit]}
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=None, help="default: the embedded default draft")
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
+                    help="default: the default pair's k")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--minutes", type=float, default=3.0, help="the measured run (after the warm-up)")
+    ap.add_argument("--warmup-seconds", type=float, default=30.0, help="the same load before RSS is first read")
+    ap.add_argument("--warmup-requests", type=int, default=2 * len(KINDS),
+                    help="... and at least this many requests per client (default: every kind over both protocols once)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill-draft-at", type=float, default=0.4, help="fraction of the measured run (negative: never)")
+    ap.add_argument("--draft-down-seconds", type=float, default=10.0)
+    ap.add_argument("--max-tokens", type=int, default=48, help="each request asks for this or half of it")
+    ap.add_argument("--timeout", type=float, default=180.0, help="a client's deadline per request")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--draft-dtype", default=None)
+    ap.add_argument("--target-threads", type=int, default=1,
+                    help="target service --num-threads (0: all cores). 1 by default: on a small machine the target's "
+                         "OpenMP pool shares the cores with the draft, the gateway and the clients, and a pool whose "
+                         "threads get descheduled stalls at every barrier (seen: 0.4 tok/s with 2 threads on 2 busy "
+                         "cores, 11 tok/s with 1)")
+    ap.add_argument("--draft-threads", type=int, default=1, help="draft service --num-threads")
+    ap.add_argument("--no-draft-fallback", action="store_true",
+                    help="start the gateway with --no-draft-fallback (requests in flight during the outage stall, "
+                         "and may fail: expected)")
+    ap.add_argument("--gateway-arg", action="append", default=[], help="extra gateway flag (repeatable), e.g. "
+                    "--gateway-arg=--draft-breaker-reset-seconds=2")
+    ap.add_argument("--log-dir", default=None, help="the services' logs (default: a temporary folder, kept)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a goal fails")
+    add_common_args(ap)
+    args = ap.parse_args()
+    out_path = json_path(args, "soak")
+    prompts = PROMPTS
+    tmp = None
+    if args.smoke:
+        tmp = tempfile.TemporaryDirectory(prefix="specdec-bench-smoke-")
+        smoke_environment(tmp.name)  # the service processes inherit its environment
+        models = smoke_models(tmp.name)
+        args.target, args.draft = models.target, models.draft
+        args.num_speculative_tokens = 2
+        args.clients, args.minutes, args.warmup_seconds, args.max_tokens = 3, 0.3, 4.0, 12
+        args.kill_draft_at, args.draft_down_seconds, args.timeout = 0.15, 2.0, 120.0
+        args.target_threads = args.draft_threads = 1
+        args.gateway_arg = [*args.gateway_arg, "--draft-breaker-reset-seconds=1"]
+        prompts = SMOKE_PROMPTS
+    draft = args.draft or (str(default_draft_path()) if default_draft_path() else None)
+    if draft is None:
+        ap.error("no --draft given and no embedded default draft is shipped")
+    k = args.num_speculative_tokens or (default_speculative_config() or {}).get("num_speculative_tokens", 1)
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="specdec-soak-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    gateway_args = tuple(args.gateway_arg) + (("--no-draft-fallback",) if args.no_draft_fallback else ())
+    duration = 60.0 * args.minutes
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(draft)  # same vocabulary as the target (a draft_model pair)
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    print(f"soak: target {args.target}, draft {draft}, k={k}, {args.clients} clients, {args.minutes:g} min "
+          f"(+ warm-up: {args.warmup_seconds:g} s and {args.warmup_requests} requests per client), draft killed at "
+          f"{args.kill_draft_at:g} for {args.draft_down_seconds:g} s; "
+          f"logs in {log_dir}", flush=True)
+    stack = ProcessStack(args.target, draft, k=k, log_dir=log_dir, dtype=args.dtype, draft_dtype=args.draft_dtype,
+                         target_threads=args.target_threads, draft_threads=args.draft_threads,
+                         max_batch_size=max(16, args.clients), gateway_args=gateway_args)
+    t_start = time.monotonic()
+    with stack:
+        print(f"stack ready in {time.monotonic() - t_start:.1f} s (pids: target {stack.target.pid}, draft "
+              f"{stack.draft.pid}, gateway {stack.gateway.pid})", flush=True)
+        load = Load(stack.gateway.http_port, stack.gateway.port, stack.model_id(), prompts,
+                    sorted({max(2, args.max_tokens // 2), args.max_tokens}), args.timeout, count_tokens, args.seed)
+        sampler = RssSampler(stack, 1.0 if args.smoke else 5.0, t_start)
+        sampler.start()
+        warm, _ = run_clients(load, args.clients, args.warmup_seconds, "warmup", min_requests=args.warmup_requests)
+        time.sleep(1.0)
+        rss_start = {p.name: (p.pid, p.rss()) for p in stack.procs}
+        before = scrape(stack.gateway.http_port)
+        print(f"warm-up: {len(warm)} requests ({sum(r.outcome == 'error' for r in warm)} errors); RSS "
+              + ", ".join(f"{n} {_mb(r)} MB" for n, (_, r) in rss_start.items()), flush=True)
+
+        outage = Outage(args.kill_draft_at * duration, args.draft_down_seconds)
+        stop = threading.Event()
+        t0 = time.monotonic()
+        killer = None
+        if args.kill_draft_at >= 0:
+            killer = threading.Thread(target=draft_outage, args=(stack, outage, t0, stop), name="outage", daemon=True)
+            killer.start()
+        results, wall = run_clients(load, args.clients, duration, "run")
+        stop.set()
+        if killer is not None:
+            killer.join(600)
+        if stack.draft.proc.poll() is not None:  # the outage thread failed: bring the draft back for the end state
+            stack.draft.launch().wait_ready(600)
+        if killer is not None and outage.serving_at is not None and outage.drafting_again_at is None:
+            probe_until_drafting(stack, outage, t0, load)
+        time.sleep(1.0)
+        rss_end = {p.name: (p.pid, p.rss()) for p in stack.procs}
+        after = scrape(stack.gateway.http_port)
+        backend_end = {name: scrape(p.metrics_port) for name, p in (("target", stack.target), ("draft", stack.draft))}
+        sampler.halt.set()
+        sampler.join(10)
+    problems = {p.name: log_problems(p.log_path) for p in stack.procs}
+
+    # ---- requests
+    window = outage.window()
+
+    def in_outage(r: Result) -> bool:
+        t = r.began - t0
+        return window is not None and window[0] - (r.e2e or 0) <= t <= window[1]
+
+    rows = []
+    for kind in [*KINDS, "all"]:
+        rs = [r for r in results if kind in ("all", r.kind)]
+        done = [r for r in rs if r.outcome == "completed"]
+        ttfts = [r.ttft for r in rs if r.ttft is not None and r.outcome != "error"]
+        rows.append({"kind": kind, "requests": len(rs), "completed": len(done),
+                     "cancelled": sum(r.outcome == "cancelled" for r in rs),
+                     "errors": sum(r.outcome == "error" for r in rs),
+                     "e2e p50 s": percentile([r.e2e for r in done], 50), "e2e p99 s": percentile([r.e2e for r in done], 99),
+                     "TTFT p50 s": percentile(ttfts, 50), "TTFT p99 s": percentile(ttfts, 99),
+                     "tokens/s": sum(r.tokens for r in rs if r.outcome != "error") / wall})
+
+    errors = []
+    by_kind: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if r.outcome == "error":
+            by_kind[r.error].append(r)
+    for kind, rs in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
+        during = [r for r in rs if in_outage(r)]
+        expected = args.no_draft_fallback and kind in EXPECTED_WITHOUT_FALLBACK
+        n_expected = len(during) if expected else 0
+        errors.append({"kind": kind, "count": len(rs), "expected": n_expected, "unexpected": len(rs) - n_expected,
+                       "during_outage": len(during), "protocols": dict(Counter(r.protocol for r in rs)),
+                       "request_kinds": dict(Counter(r.kind for r in rs)),
+                       "at_s": [round(r.began - t0, 1) for r in rs][:20], "example": rs[0].detail})
+    unexpected = sum(e["unexpected"] for e in errors)
+
+    # greedy answers: every repeat of a request identical to its first answer
+    first: dict[tuple, str] = {}
+    mismatches = []
+    for r in sorted(warm + results, key=lambda r: r.began):
+        if r.greedy_key is None or r.outcome != "completed":
+            continue
+        if r.greedy_key in first and first[r.greedy_key] != r.text:
+            mismatches.append({"prompt": r.greedy_key[0][:40], "max_tokens": r.greedy_key[1], "protocol": r.protocol,
+                               "at_s": round(r.began - t0, 1), "first": first[r.greedy_key][:80], "this": r.text[:80]})
+        first.setdefault(r.greedy_key, r.text)
+    greedy_checked = sum(1 for r in warm + results if r.greedy_key is not None and r.outcome == "completed")
+
+    # ---- gateway metrics over the measured run
+    without = {reason: after_v - metric(before, "specdec_rounds_without_draft_total", reason=reason)
+               for reason, after_v in metric(after, "specdec_rounds_without_draft_total", by="reason").items()}
+    with_drafts = metric(after, "specdec_spec_decode_num_drafts_total") - metric(before, "specdec_spec_decode_num_drafts_total")
+    gw_errors = {code: v - metric(before, "specdec_request_errors_total", code=code)
+                 for code, v in metric(after, "specdec_request_errors_total", by="code").items()}
+    gw_errors = {c: v for c, v in gw_errors.items() if v}
+    end_state = {"gateway_requests_running": metric(after, "specdec_num_requests_running"),
+                 "gateway_requests_waiting": metric(after, "specdec_num_requests_waiting"),
+                 "target_sequences_cached": metric(backend_end["target"], "specdec_sequences_cached"),
+                 "draft_sequences_cached": metric(backend_end["draft"], "specdec_sequences_cached"),
+                 "draft_breaker_state": metric(after, "specdec_draft_breaker_state")}
+
+    # ---- processes
+    processes = []
+    for name in ("target", "draft", "gateway"):
+        (pid0, r0), (pid1, r1) = rss_start[name], rss_end[name]
+        restarted = pid0 != pid1
+        growth = 100.0 * (r1 - r0) / r0 if r0 and r1 else None
+        processes.append({"process": name, "pid": pid1 if not restarted else f"{pid0}->{pid1}",
+                          "RSS start MB": _mb(r0), "RSS end MB": _mb(r1), "growth %": growth,
+                          "note": "restarted mid-run: end is the new process" if restarted else "",
+                          "restarted": restarted})
+    lived = [p for p in processes if not p["restarted"] and p["growth %"] is not None]
+    rss_ok = all(p["growth %"] < RSS_GROWTH_GOAL_PCT for p in lived)
+    checks = {
+        "zero unexpected errors": unexpected == 0,
+        f"RSS growth under {RSS_GROWTH_GOAL_PCT:g}% after warm-up (processes that ran throughout)": rss_ok,
+        "greedy answers identical on every repeat": not mismatches,
+        "the gateway drafts again after the draft restart": args.kill_draft_at < 0 or outage.drafting_again_at is not None,
+        "nothing left running at the gateway at the end": end_state["gateway_requests_running"] == 0
+                                                          and end_state["gateway_requests_waiting"] == 0,
+    }
+
+    # ---- report
+    cpu = cpu_info()
+    print(f"\ntarget {args.target} ({args.dtype}), draft {draft}, k={k}; {args.clients} clients for {wall:.0f} s "
+          f"(measured, after {args.warmup_seconds:g} s warm-up); CPU {cpu['model']}, {cpu['cores']} cores, "
+          f"{' '.join(cpu['flags']) or 'no avx2/avx512/amx'}\n")
+    print_table(rows, COLUMNS)
+    print(f"\nerrors: {sum(e['count'] for e in errors)} ({unexpected} unexpected)"
+          + ("" if args.no_draft_fallback else "; with the draft fallback on, none is expected"))
+    for e in errors:
+        tag = "UNEXPECTED" if e["unexpected"] else "expected"
+        print(f"  {tag:10s} {e['kind']}: {e['count']} ({e['during_outage']} during the draft outage), "
+              f"{e['protocols']}, began at {e['at_s']} s; e.g. {e['example']!r}")
+    print(f"\ndraft outage: killed at {_s(outage.killed_at)}, restarted at {_s(outage.restarted_at)}, serving at "
+          f"{_s(outage.serving_at)}, the gateway drafting again at {_s(outage.drafting_again_at)}"
+          + (" (after the measured run, with probe requests)" if outage.drafting_again_after_run else "")
+          + (f"; error: {outage.error}" if outage.error else ""))
+    total_rounds = with_drafts + sum(without.values())
+    print(f"rounds without draft: {sum(without.values()):.0f} of {total_rounds:.0f} "
+          f"({', '.join(f'{k2} {v:.0f}' for k2, v in without.items()) or 'none'}); rounds with drafts {with_drafts:.0f}")
+    print(f"gateway request errors (its /metrics, by code): {gw_errors or 'none'}; end state: {end_state}")
+    print(f"greedy answers checked: {greedy_checked}, differing from the first answer: {len(mismatches)}")
+    for m in mismatches[:3]:
+        print(f"  {m}")
+    print()
+    print_table(processes, ["process", "pid", "RSS start MB", "RSS end MB", "growth %", "note"])
+    for name, p in problems.items():
+        if p["errors"] or p["tracebacks"]:
+            print(f"{name} log: {p['errors']} ERROR lines, {p['tracebacks']} tracebacks; e.g. {p['examples'][:2]}")
+    print()
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}: {name}")
+    growths = ", ".join(f"{p['process']} {p['growth %']:+.1f}%" for p in processes if p["growth %"] is not None)
+    print(f"  (RSS growth: {growths})")
+
+    write_json(out_path, {
+        "smoke": args.smoke, "cpu": cpu, "target": args.target, "draft": draft, "k": k, "dtype": args.dtype,
+        "draft_dtype": args.draft_dtype or args.dtype, "clients": args.clients, "minutes": args.minutes,
+        "seed": args.seed, "warmup_seconds": args.warmup_seconds, "warmup_requests_per_client": args.warmup_requests,
+        "kill_draft_at": args.kill_draft_at,
+        "draft_down_seconds": args.draft_down_seconds, "draft_fallback": not args.no_draft_fallback,
+        "max_tokens": load.max_tokens, "measured_seconds": wall, "rows": rows, "errors": errors,
+        "unexpected_errors": unexpected, "draft_outage": outage.__dict__,
+        "rounds_without_draft": without, "rounds_with_drafts": with_drafts, "gateway_request_errors": gw_errors,
+        "end_state": end_state, "greedy_checked": greedy_checked, "greedy_mismatches": mismatches,
+        "processes": processes, "rss_timeline_mb": sampler.samples, "log_problems": problems,
+        "log_dir": str(log_dir), "warmup_requests": len(warm), "checks": checks})
+    if args.smoke and not args.log_dir and all(checks.values()):
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if tmp is not None:
+        tmp.cleanup()
+    return 1 if args.strict and not all(checks.values()) else 0
+
+
+def _s(t: float | None) -> str:
+    return "-" if t is None else f"{t:.1f} s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
