@@ -244,6 +244,11 @@ def test_schema_follows_the_code():
     assert spec["num_speculative_tokens"]["maximum"] == MAX_NUM_SPECULATIVE_TOKENS
     assert set(schema["properties"]) - {"global"} == set(values)
     assert values["speculativeConfig"]["num_speculative_tokens"] == DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS
+    from specdec.config import default_speculative_config
+
+    pair = default_speculative_config()
+    assert (values["speculativeConfig"]["prompt_lookup_max"], values["speculativeConfig"]["prompt_lookup_min"]) == (
+        pair["prompt_lookup_max"], pair["prompt_lookup_min"])
     assert (values["target"]["model"], values["draft"]["model"]) == (DEFAULT_TARGET, DEFAULT_DRAFT)
     defaults = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
     assert values["gateway"]["grpcPort"] == defaults["port"]
