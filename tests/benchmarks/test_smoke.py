@@ -241,3 +241,54 @@ def test_smoke_service_processes(exp: Expected, extra, tmp_path):
     stdout, data = run_smoke(exp, tmp_path)
     check(exp, stdout, data)
     extra(stdout, data)
+
+
+# --------------------------------------------------------------------------------------------------
+# bench_drafting.py: n-gram, hybrid and model drafting, five served stacks (in-process under --smoke)
+
+
+DRAFTING_SETUPS = ["target alone", "model draft k=1", "model draft k=2", "model draft k=3", "n-gram k=2 (lookup 2-4)",
+                   "n-gram k=4 (lookup 2-4)", "n-gram k=6 (lookup 2-4)", "n-gram k=4 (lookup 1-3)",
+                   "hybrid k=1 (draft + lookup 2-3)", "hybrid k=2 (draft + lookup 2-3)",
+                   "hybrid k=3 (draft + lookup 2-3)"]
+DRAFTING_SETS = ["input-grounded", "open-ended", "mixed"]
+DRAFTING = Expected(
+    "bench_drafting.py", ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance",
+                          "tokens/pass", "identical"], "setup", DRAFTING_SETUPS * len(DRAFTING_SETS),
+    {"target", "draft", "dtype", "max_tokens", "ignore_eos", "repeats", "chat_template", "cpu", "stacks", "prompts",
+     "mean_prompt_tokens", "mean_output_tokens", "model_draft_best_k", "hybrid_best_k", "goals",
+     "hybrid_vs_model_draft_mixed", "noise", "measured_seconds", "mismatches", "target_alone_output_ids",
+     "measurements"},
+    numeric=["tokens/s", "speedup", "decode speedup", "tokens/pass"])
+
+
+def test_smoke_drafting(tmp_path):
+    stdout, data = run_smoke(DRAFTING, tmp_path)
+    check(DRAFTING, stdout, data)
+    rows = data["rows"]
+    assert [r["set"] for r in rows] == [s for s in DRAFTING_SETS for _ in DRAFTING_SETUPS]
+    for r in rows:
+        if r["setup"] == "target alone":
+            assert r["speedup"] == 1.0 and r["acceptance"] is None and "k" not in r
+        else:
+            assert r["k"] == int(r["setup"].split("k=")[1].split()[0]), r
+        assert r["acceptance"] is None or 0.0 <= r["acceptance"] <= 1.0, r
+        assert r["tokens/pass"] >= 1.0, r
+        assert re.fullmatch(r"\d+\.\d\d-\d+\.\d\d", r["speedup range"]), r
+    # greedy float32: every drafting method reproduces the target alone (lossless), and says so
+    assert all(r["identical"] for r in rows) and data["mismatches"] == []
+    assert "every output is identical to the target alone's" in stdout
+    stacks = data["stacks"]
+    assert stacks["target"] is None and stacks["ngram"]["method"] == "ngram" and "model" not in stacks["ngram"]
+    assert stacks["hybrid"]["method"] == "draft_model" and stacks["hybrid"]["prompt_lookup_max"] == 3
+    prompts = data["prompts"]
+    assert len(prompts["mixed"]) == (len(prompts["input-grounded"]) + len(prompts["open-ended"])) // 2
+    assert set(prompts["mixed"]) <= set(prompts["input-grounded"]) | set(prompts["open-ended"])
+    n_prompts = len(prompts["input-grounded"]) + len(prompts["open-ended"])
+    assert len(data["measurements"]) == n_prompts * len(DRAFTING_SETUPS) * data["repeats"]
+    assert {"model", "cores", "flags", "amx"} <= set(data["cpu"])
+    assert data["model_draft_best_k"] in (1, 2, 3) and data["hybrid_best_k"] in (1, 2, 3)
+    for name, goal in data["goals"].items():
+        assert isinstance(goal["met"], bool) and goal["setup"] in DRAFTING_SETUPS, name
+        assert f"goal {name}: " in stdout
+    assert isinstance(data["hybrid_vs_model_draft_mixed"]["hybrid_beats_model_draft"], bool)
