@@ -20,7 +20,7 @@ from specdec.errors import BackendUnavailableError, DeadlineExceededError, Seque
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.serving.grpc_errors import error_from_rpc
-from specdec.serving.metrics import BACKEND_CALL, HISTORY_RESENDS
+from specdec.serving.metrics import HISTORY_RESENDS, gateway_series
 from specdec.serving.server import channel_options
 from specdec.serving.tls import PLAINTEXT, ChannelSecurity
 from specdec.serving.wire import probs_from_proto, probs_to_proto, sampling_to_proto
@@ -77,7 +77,7 @@ class _RemoteBackend:
             try:
                 began = time.monotonic()
                 response = rpc(make_request(start, token_ids[start:]), timeout=self._timeout(sequence_id))
-                BACKEND_CALL.labels("gateway", self.model_name, self.phase).observe(time.monotonic() - began)
+                gateway_series(self.model_name).call(self.phase).observe(time.monotonic() - began)
                 with self._lock:
                     self._held[sequence_id] = len(token_ids)
                 return response

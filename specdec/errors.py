@@ -130,6 +130,7 @@ DOMAIN_ERRORS: tuple[type[SpecDecError], ...] = (
     AuthenticationError,
 )
 _BY_NAME = {cls.__name__: cls for cls in DOMAIN_ERRORS}
+_ROWS = frozenset(DOMAIN_ERRORS)
 
 # Exceptions from outside specdec that still have a meaning: a timeout is a deadline.
 _FOREIGN = ((futures.TimeoutError, DeadlineExceededError), (TimeoutError, DeadlineExceededError))
@@ -137,9 +138,9 @@ _FOREIGN = ((futures.TimeoutError, DeadlineExceededError), (TimeoutError, Deadli
 
 def domain_class(exc: BaseException) -> type[SpecDecError]:
     """The table row of ``exc`` (SpecDecError itself: an internal error)."""
-    if isinstance(exc, SpecDecError):
-        return type(exc) if type(exc) in _BY_NAME.values() else next(
-            (cls for cls in DOMAIN_ERRORS if isinstance(exc, cls)), SpecDecError)
+    for cls in type(exc).__mro__:  # the nearest class with a row (a subclass inherits its parent's)
+        if cls in _ROWS:
+            return cls
     for foreign, cls in _FOREIGN:
         if isinstance(exc, foreign):
             return cls

@@ -72,3 +72,15 @@ class ServiceProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+
+def service_pair(target_dir, draft_dir, logs: Path):
+    """A target and a draft service process on the given model folders; yields (target, draft) and
+    kills both at the end (a generator for a module-scoped fixture)."""
+    target = ServiceProcess("target_service", ["--model", str(target_dir)], logs).start()
+    draft = ServiceProcess("draft_service", ["--model", str(draft_dir)], logs).start()
+    try:
+        yield target, draft
+    finally:
+        for proc in (target, draft):
+            proc.kill()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.openai.http_helpers import KEY, PROMPTS, openai_client, raw_client, serve
+from tests.gateway.openai.http_helpers import PROMPTS, openai_client, raw_client, serve
 from tests.requirements import missing
 from tests.service_processes import free_port
 
@@ -150,4 +150,3 @@ def test_every_panel_query_returns_data(prometheus_over_stack, target_dir):
     (work / "panel-values.json").write_text(json.dumps(values, indent=1))
     print("\n".join(f"{k}: {v}" for k, v in values.items()))
     assert not empty, "dashboard queries that return nothing:\n" + "\n".join(empty)
-    assert KEY

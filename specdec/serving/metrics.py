@@ -9,6 +9,7 @@ low end (a CPU round of a small model takes milliseconds).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -133,64 +134,95 @@ def init_gateway_series(model_name: str) -> None:
     TARGET_AVAILABLE.labels(*labels).set(1)
 
 
+class GatewaySeries:
+    """The gateway's series of one served model, bound to their labels once (``.labels()`` takes a
+    lock and a dictionary lookup: not something to repeat several times per round)."""
+
+    def __init__(self, model_name: str):
+        labels = ("gateway", model_name)
+        self.labels = labels
+        self.drafts, self.draft_tokens = NUM_DRAFTS.labels(*labels), NUM_DRAFT_TOKENS.labels(*labels)
+        self.accepted = NUM_ACCEPTED_TOKENS.labels(*labels)
+        self.ttft, self.itl, self.e2e, self.queue = (h.labels(*labels) for h in (TTFT, ITL, E2E, QUEUE_TIME))
+        self.prompt_tokens, self.generation_tokens = PROMPT_TOKENS.labels(*labels), GENERATION_TOKENS.labels(*labels)
+        self.running, self.waiting = REQUESTS_RUNNING.labels(*labels), REQUESTS_WAITING.labels(*labels)
+        self._per_pos: list = []
+        self._calls: dict = {}
+
+    def accepted_at(self, position: int):
+        while len(self._per_pos) <= position:
+            self._per_pos.append(ACCEPTED_PER_POS.labels(*self.labels, str(len(self._per_pos))))
+        return self._per_pos[position]
+
+    def call(self, phase: str):
+        if phase not in self._calls:
+            self._calls[phase] = BACKEND_CALL.labels(*self.labels, phase)
+        return self._calls[phase]
+
+
+@functools.lru_cache(maxsize=64)
+def gateway_series(model_name: str) -> GatewaySeries:
+    return GatewaySeries(model_name)
+
+
 class SequenceMetrics:
     """One output sequence's life at the gateway: waiting, running, rounds, finish."""
 
     def __init__(self, model_name: str, arrival: float, prompt_tokens: int):
-        self.labels = ("gateway", model_name)
+        self.series = gateway_series(model_name)
         self.arrival = arrival
         self.prompt_tokens = prompt_tokens
         self.started: float | None = None
         self.last_emit: float | None = None
         self.ttft: float | None = None  # seconds, once the first token is out
         self.e2e: float | None = None  # seconds, once finished
-        self._seen = (0, 0, 0, [])  # drafts, draft tokens, accepted, accepted per position
-        REQUESTS_WAITING.labels(*self.labels).inc()
+        self._seen = (0, 0, 0)  # drafts, draft tokens, accepted tokens counted so far
+        self._seen_per_pos: list[int] = []
+        self.series.waiting.inc()
 
     def round_started(self) -> None:
         if self.started is None:
             self.started = time.monotonic()
-            QUEUE_TIME.labels(*self.labels).observe(self.started - self.arrival)
-            REQUESTS_WAITING.labels(*self.labels).dec()
-            REQUESTS_RUNNING.labels(*self.labels).inc()
+            self.series.queue.observe(self.started - self.arrival)
+            self.series.waiting.dec()
+            self.series.running.inc()
 
     def round_done(self, stats, emitted: int) -> None:
         """After a round: speculation counters from the stats' growth, latencies when tokens came out."""
-        drafts, draft_tokens, accepted, per_pos = self._seen
-        labels = self.labels
+        s = self.series
+        drafts, draft_tokens, accepted = self._seen
         if stats.num_drafts > drafts:
-            NUM_DRAFTS.labels(*labels).inc(stats.num_drafts - drafts)
-            NUM_DRAFT_TOKENS.labels(*labels).inc(stats.num_draft_tokens - draft_tokens)
-            NUM_ACCEPTED_TOKENS.labels(*labels).inc(stats.num_accepted_tokens - accepted)
+            s.drafts.inc(stats.num_drafts - drafts)
+            s.draft_tokens.inc(stats.num_draft_tokens - draft_tokens)
+            s.accepted.inc(stats.num_accepted_tokens - accepted)
+            seen = self._seen_per_pos
             for pos, count in enumerate(stats.accepted_per_position):
-                before = per_pos[pos] if pos < len(per_pos) else 0
-                if count > before:
-                    ACCEPTED_PER_POS.labels(*labels, str(pos)).inc(count - before)
-        self._seen = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
-                      list(stats.accepted_per_position))
+                if pos == len(seen):
+                    seen.append(0)
+                if count > seen[pos]:
+                    s.accepted_at(pos).inc(count - seen[pos])
+                    seen[pos] = count
+            self._seen = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         if emitted:
             now = time.monotonic()
             if self.last_emit is None:
                 self.ttft = now - self.arrival
-                TTFT.labels(*labels).observe(self.ttft)
+                s.ttft.observe(self.ttft)
             else:
-                ITL.labels(*labels).observe(now - self.last_emit)
+                s.itl.observe(now - self.last_emit)
             self.last_emit = now
 
     def finished(self, finish_reason: str | None, generated: int) -> None:
-        labels = self.labels
+        s = self.series
         self.e2e = time.monotonic() - self.arrival
-        E2E.labels(*labels).observe(self.e2e)
-        PROMPT_TOKENS.labels(*labels).inc(self.prompt_tokens)
-        GENERATION_TOKENS.labels(*labels).inc(generated)
-        REQUEST_SUCCESS.labels(*labels, finish_reason or "abort").inc()
+        s.e2e.observe(self.e2e)
+        s.prompt_tokens.inc(self.prompt_tokens)
+        s.generation_tokens.inc(generated)
+        REQUEST_SUCCESS.labels(*s.labels, finish_reason or "abort").inc()
 
     def closed(self) -> None:
         """The sequence left the gateway (finished, failed or abandoned)."""
-        if self.started is None:
-            REQUESTS_WAITING.labels(*self.labels).dec()
-        else:
-            REQUESTS_RUNNING.labels(*self.labels).dec()
+        (self.series.waiting if self.started is None else self.series.running).dec()
 
 
 _BREAKER_VALUES = {"closed": 0, "half_open": 1, "open": 2}

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.config import GatewayConfig
 from specdec.v1 import generation_service_pb2_grpc
-from tests.service_processes import ServiceProcess
+from tests.service_processes import service_pair
 from tests.services_conftest_helpers import (
     PROMPTS,
     collect,
@@ -33,12 +33,7 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def processes(target_dir, good_draft_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("outage-logs")
-    target = ServiceProcess("target_service", ["--model", str(target_dir)], logs).start()
-    draft = ServiceProcess("draft_service", ["--model", str(good_draft_dir)], logs).start()
-    yield target, draft
-    for proc in (target, draft):
-        proc.kill()
+    yield from service_pair(target_dir, good_draft_dir, tmp_path_factory.mktemp("outage-logs"))
 
 
 def _gateway(servers, target, draft, **kw):

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from specdec.v1 import common_pb2, draft_service_pb2_grpc, generation_service_pb2_grpc, target_service_pb2_grpc
-from tests.service_processes import ServiceProcess
+from tests.service_processes import service_pair
 from tests.services_conftest_helpers import PROMPTS, collect, generate, generate_request, hooked, run_in_thread
 
 MAX_TOKENS = 32
@@ -22,12 +22,7 @@ SEED = 1234
 
 @pytest.fixture(scope="module")
 def processes(target_dir, good_draft_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("service-logs")
-    target = ServiceProcess("target_service", ["--model", str(target_dir)], logs).start()
-    draft = ServiceProcess("draft_service", ["--model", str(good_draft_dir)], logs).start()
-    yield target, draft
-    for proc in (target, draft):
-        proc.kill()
+    yield from service_pair(target_dir, good_draft_dir, tmp_path_factory.mktemp("service-logs"))
 
 
 @pytest.fixture(scope="module")
