@@ -11,7 +11,7 @@ from specdec.serving.backend import Backend
 from specdec.serving.backend_service import BackendServicerMixin, require_ready, start_backend_service
 from specdec.serving.batching import ComputeThread
 from specdec.serving.grpc_errors import map_errors
-from specdec.serving.server import ServerHandle, time_remaining
+from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
 from specdec.serving.wire import probs_to_proto, sampling_from_proto
 from specdec.v1 import draft_service_pb2, draft_service_pb2_grpc
 from specdec.workers import ProposeCall
@@ -39,7 +39,7 @@ class DraftServicer(BackendServicerMixin, draft_service_pb2_grpc.DraftServiceSer
             params=sampling_from_proto(request.sampling_params),
             draft_sample_method=_METHODS.get(request.draft_sample_method),
         )
-        proposal = self.backend.propose(call, timeout=time_remaining(context))
+        proposal = self.backend.propose(call, timeout=time_remaining(context), hint=batch_hint_of(context))
         return draft_service_pb2.ProposeResponse(
             draft_token_ids=proposal.draft_token_ids,
             draft_probs=probs_to_proto(proposal.draft_probs),

@@ -8,10 +8,12 @@ recompute, never correctness.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,6 +23,7 @@ from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.serving.grpc_errors import error_from_rpc
 from specdec.serving.metrics import HISTORY_RESENDS, gateway_series
+from specdec.serving.batching import BATCH_HINT_KEY
 from specdec.serving.server import channel_options
 from specdec.serving.tls import PLAINTEXT, ChannelSecurity
 from specdec.serving.wire import probs_from_proto, probs_to_proto, sampling_to_proto
@@ -32,6 +35,25 @@ _DRAFT_METHODS = {
     "greedy": draft_service_pb2.DRAFT_SAMPLE_METHOD_GREEDY,
     "probabilistic": draft_service_pb2.DRAFT_SAMPLE_METHOD_PROBABILISTIC,
 }
+
+# The batch hint of the calls this thread makes now ("<group>:<size>", see gateway.scheduler).
+_BATCH_HINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_batch_hint", default=None)
+
+
+@contextlib.contextmanager
+def batch_hint(hint: str | None) -> Iterator[None]:
+    """Calls made inside carry ``hint`` as their batch hint metadata."""
+    token = _BATCH_HINT.set(hint)
+    try:
+        yield
+    finally:
+        _BATCH_HINT.reset(token)
+
+
+def _metadata() -> dict:
+    """The call's metadata keyword: the batch hint, when one is set."""
+    hint = _BATCH_HINT.get()
+    return {} if hint is None else {"metadata": ((BATCH_HINT_KEY, hint),)}
 
 
 class _RemoteBackend:
@@ -76,7 +98,8 @@ class _RemoteBackend:
         while True:
             try:
                 began = time.monotonic()
-                response = rpc(make_request(start, token_ids[start:]), timeout=self._timeout(sequence_id))
+                response = rpc(make_request(start, token_ids[start:]), timeout=self._timeout(sequence_id),
+                               **_metadata())
                 gateway_series(self.model_name).call(self.phase).observe(time.monotonic() - began)
                 with self._lock:
                     self._held[sequence_id] = len(token_ids)

@@ -45,6 +45,10 @@ class GatewayConfig:
     disable_by_batch_size: int | None = field(default=None, metadata={"help": "verify without drafts while this many "
                                                                              "sequences are generating (vLLM's name; "
                                                                              "none: always speculate)"})
+    group_rounds: bool = field(default=True, metadata={"help": "step every live sequence's round together: one "
+                                                               "batch of Propose calls, then one of Verify calls, each "
+                                                               "service batching the phase whole (--no-group-rounds: "
+                                                               "one independent loop per request)"})
     draft_fallback: bool = field(default=True, metadata={"help": "when the draft fails or times out, verify without "
                                                                  "drafts instead of failing (--no-draft-fallback: fail)"})
     draft_timeout_ms: float | None = field(default=None, metadata={"help": "deadline of one Propose call with the "

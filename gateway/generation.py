@@ -12,6 +12,7 @@ from gateway.clients import RemoteDraft, RemoteTarget
 from gateway.config import GatewayConfig
 from gateway.replicas import ReplicaSet, is_replica_spec
 from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, SheddingDraft, TargetHealth
+from gateway.scheduler import RoundScheduler
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
 from specdec.proposal import check_num_speculative_tokens
@@ -71,6 +72,7 @@ class Gateway:
         self.target_health = TargetHealth(self.target, on_change=lambda up: metrics.target_available(name, up))
         self.target.on_unavailable = self.target_health.mark_down
         self.target.stop_retrying = lambda: self.target_health.down
+        draft_client = self.draft
         if self.draft is not None and config.draft_fallback:
             # fail fast and carry on without drafts, rather than wait out retries of a draft that is gone
             self.draft.retry_seconds = 0.0
@@ -78,6 +80,14 @@ class Gateway:
                                      on_change=lambda old, new: metrics.breaker_changed(name, old, new))
             timeout = None if config.draft_timeout_ms is None else config.draft_timeout_ms / 1000
             self.draft = FallbackDraft(self.draft, breaker, name, timeout)
+        self.round_draft = self.draft  # what the rounds propose with: under load, possibly nothing
+        if self.draft is not None and config.disable_by_batch_size:
+            self.round_draft = SheddingDraft(self.draft, lambda: self.admission.running, config.disable_by_batch_size,
+                                             name)
+        # Group scheduling (gateway.scheduler): its batch hints are exact only when each phase goes to one service.
+        self.scheduler = (RoundScheduler(self.round_draft, self.target, config.max_concurrent_requests,
+                                         hints=not any(isinstance(c, ReplicaSet) for c in (self.target, draft_client)))
+                          if config.group_rounds else None)
         set_build_info("gateway", self.served_model_name, num_speculative_tokens=config.num_speculative_tokens
                        if self.draft else 0, method="draft_model" if self.draft else "target_only")
 
@@ -165,24 +175,18 @@ class Gateway:
         for client in (self.target, self.draft):
             if client is not None:
                 client.set_deadline(seq.sequence_id, deadline)
-        draft = self.draft
-        if draft is not None and self.config.disable_by_batch_size:
-            draft = SheddingDraft(draft, lambda: self.admission.running, self.config.disable_by_batch_size,
-                                  self.served_model_name)
-        rounds = decode(draft, self.target, seq, k)
-        seen = 0
+        rounds = (self.scheduler.rounds(seq, k, cancelled) if self.scheduler is not None
+                  else _solo_rounds(decode(self.round_draft, self.target, seq, k), seq))
         try:
             seq_metrics.round_started()  # the first round starts now; the loop runs them back to back
-            for text in rounds:
-                new_ids = seq.output_token_ids[seen:]
-                seen = len(seq.output_token_ids)
+            for text, new_ids, finished in rounds:
                 seq_metrics.round_done(seq.stats, len(new_ids))
-                if seq.finished:
+                if finished:
                     seq_metrics.finished(seq.finish_reason, len(seq.output_token_ids))
                     self._log_finished(seq, seq_metrics)
                 if cancelled is not None and cancelled():
                     break
-                yield Delta(text, new_ids, seq.finished)
+                yield Delta(text, new_ids, finished)
         finally:
             rounds.close()
             seq_metrics.closed()
@@ -225,11 +229,25 @@ class Gateway:
         return problems, degraded
 
     def close(self) -> None:
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.close()
         if hasattr(self, "target_health"):
             self.target_health.close()
         self.target.close()
         if self.draft:
             self.draft.close()
+
+
+def _solo_rounds(rounds: Iterator[str], seq: SequenceState) -> Iterator[tuple[str, list[int], bool]]:
+    """A request's own loop (``decode``), as the scheduler's (text, new token ids, finished) rounds."""
+    seen = 0
+    try:
+        for text in rounds:
+            new_ids = seq.output_token_ids[seen:]
+            seen = len(seq.output_token_ids)
+            yield text, new_ids, seq.finished
+    finally:
+        rounds.close()
 
 
 def _client(spec: str, make):

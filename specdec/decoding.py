@@ -8,7 +8,7 @@ drafts, so both paths process logits identically.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from specdec.proposal import Proposal, VerifyResult
@@ -39,6 +39,52 @@ def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceSta
     return result.emitted(proposal.draft_token_ids)
 
 
+def commit(seq: SequenceState, token_ids: list[int]) -> str:
+    """Append a round's tokens to the sequence; return the text that became final. Tokens after EOS,
+    a stop string or the length limit inside an accepted block are dropped."""
+    delta = ""
+    for token_id in token_ids:
+        delta += seq.append(token_id)
+        if seq.finished:
+            break
+    return delta
+
+
+# Runs a phase's calls at once; returns each call's result or the exception it raised, in order.
+RunAll = Callable[[Sequence[Callable[[], object]]], list]
+
+
+def group_round(draft: Proposer | None, target: Verifier, seqs: Sequence[SequenceState], ks: Sequence[int],
+                run_all: RunAll) -> list[str | BaseException]:
+    """One round for a group of sequences, phase by phase: every proposal at once, then every
+    verification at once, so that the services batch each phase whole (``run_all`` issues a phase's
+    calls together). The same steps as ``speculative_round`` per sequence; each sequence gets its
+    round's new text, or the exception that ended it (the others carry on)."""
+    ks = [min(k, s.budget - 1) if draft is not None else 0 for s, k in zip(seqs, ks)]
+    proposals: list = [Proposal([])] * len(seqs)
+    drafting = [i for i, k in enumerate(ks) if k > 0]
+    for i, p in zip(drafting, run_all([_call(draft.propose, seqs[i].sequence_id, seqs[i].token_ids, ks[i],
+                                             seqs[i].params) for i in drafting])):
+        proposals[i] = p if isinstance(p, BaseException) else p.truncated(seqs[i].budget - 1)
+    live = [i for i, p in enumerate(proposals) if not isinstance(p, BaseException)]
+    results: list = list(proposals)
+    for i, r in zip(live, run_all([_call(target.verify, seqs[i].sequence_id, seqs[i].token_ids, proposals[i],
+                                         seqs[i].params) for i in live])):
+        results[i] = r
+    out: list[str | BaseException] = []
+    for seq, proposal, result in zip(seqs, proposals, results):
+        if isinstance(result, BaseException):
+            out.append(result)
+            continue
+        seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens)
+        out.append(commit(seq, result.emitted(proposal.draft_token_ids)))
+    return out
+
+
+def _call(fn: Callable, *args) -> Callable[[], object]:
+    return lambda: fn(*args)
+
+
 def decode(draft: Proposer | None, target: Verifier, seq: SequenceState, k: int) -> Iterator[str]:
     """Run rounds until the sequence finishes, yielding each round's new text.
 
@@ -47,12 +93,7 @@ def decode(draft: Proposer | None, target: Verifier, seq: SequenceState, k: int)
     """
     try:
         while not seq.finished:
-            delta = ""
-            for token_id in speculative_round(draft, target, seq, k):
-                delta += seq.append(token_id)
-                if seq.finished:
-                    break
-            yield delta
+            yield commit(seq, speculative_round(draft, target, seq, k))
     finally:
         seq.abort()
         target.release(seq.sequence_id)

@@ -9,7 +9,7 @@ from specdec.serving.backend import Backend
 from specdec.serving.backend_service import BackendServicerMixin, require_ready, start_backend_service
 from specdec.serving.batching import ComputeThread
 from specdec.serving.grpc_errors import map_errors
-from specdec.serving.server import ServerHandle, time_remaining
+from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
 from specdec.serving.wire import probs_from_proto, sampling_from_proto
 from specdec.v1 import target_service_pb2, target_service_pb2_grpc
 from specdec.workers import VerifyCall
@@ -29,7 +29,7 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
         draft = list(request.draft_token_ids)
         probs = probs_from_proto(request.draft_probs, len(draft), self.backend.lm.vocab_size)
         call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs), sampling_from_proto(request.sampling_params))
-        result = self.backend.verify(call, timeout=time_remaining(context))
+        result = self.backend.verify(call, timeout=time_remaining(context), hint=batch_hint_of(context))
         response = target_service_pb2.VerifyResponse(
             num_accepted_tokens=result.num_accepted_tokens,
             sequence_length=len(tokens) + result.num_accepted_tokens,

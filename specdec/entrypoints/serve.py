@@ -48,6 +48,9 @@ class ServeConfig:
     metrics_port: int | None = field(default=None, metadata={"help": "also serve Prometheus /metrics on this port (the "
                                                                      "HTTP port serves it anyway)"})
     log_requests: bool = field(default=False, metadata={"help": "include the prompt text in the per-request log line"})
+    group_rounds: bool = field(default=True, metadata={"help": "step every live sequence's round together (one batch "
+                                                               "of Propose, then one of Verify); --no-group-rounds: "
+                                                               "one loop per request"})
     speculative_model: str | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
     num_speculative_tokens: int | None = field(default=None, metadata={"help": "DEPRECATED: use --speculative-config"})
 
@@ -138,7 +141,7 @@ def start_stack(cfg: ServeConfig) -> Stack:
             num_speculative_tokens=spec.num_speculative_tokens if spec else 1,
             draft_sample_method=spec.draft_sample_method if spec else "greedy",
             use_heterogeneous_vocab=spec.use_heterogeneous_vocab if spec else False,
-            metrics_port=cfg.metrics_port, log_requests=cfg.log_requests,
+            metrics_port=cfg.metrics_port, log_requests=cfg.log_requests, group_rounds=cfg.group_rounds,
             disable_by_batch_size=spec.disable_by_batch_size if spec else None,
         ))
     except BaseException:

@@ -221,13 +221,14 @@ class Backend:
             raise InvalidRequestError("the sequence is empty: send at least one token", param="new_token_ids")
         return tokens
 
-    def propose(self, call: ProposeCall, timeout: float | None = None) -> Proposal:
+    def propose(self, call: ProposeCall, timeout: float | None = None, hint: tuple[str, int] | None = None) -> Proposal:
+        """``hint``: (group, size) of the calls the caller issued together (they are batched whole)."""
         check_num_speculative_tokens(call.num_speculative_tokens, minimum=0)
-        return self.batcher(call, timeout)
+        return self.batcher(call, timeout, hint)
 
-    def verify(self, call: VerifyCall, timeout: float | None = None) -> VerifyResult:
+    def verify(self, call: VerifyCall, timeout: float | None = None, hint: tuple[str, int] | None = None) -> VerifyResult:
         check_num_speculative_tokens(len(call.proposal.draft_token_ids), minimum=0)
-        return self.batcher(call, timeout)
+        return self.batcher(call, timeout, hint)
 
     def release(self, sequence_id: str) -> bool:
         with self.runner.lock:

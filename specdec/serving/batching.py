@@ -27,6 +27,22 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _STOP = object()
+# gRPC metadata a caller sets on calls it issues together: "<group id>:<number of calls in the group>"
+BATCH_HINT_KEY = "specdec-batch"
+# how long a batch waits at most for the rest of a hinted group (a call of it may have failed en route)
+GROUP_WAIT_S = 0.05
+
+
+def parse_batch_hint(hint: str | None) -> tuple[str, int] | None:
+    """(group, size) of a batch hint; None when absent or malformed (a hint is never an error)."""
+    if not hint:
+        return None
+    group, _, size = hint.rpartition(":")
+    try:
+        n = int(size)
+    except ValueError:
+        return None
+    return (group, n) if group and n > 0 else None
 
 
 class ComputeThread:
@@ -103,17 +119,20 @@ class ContinuousBatcher(Generic[T, R]):
         self.compute = compute if compute is not None else ComputeThread(name, thread_init)
         self._thread = self.compute._thread
 
-    def submit(self, item: T) -> Future:
+    def submit(self, item: T, hint: tuple[str, int] | None = None) -> Future:
+        """Queue ``item``; ``hint`` = (group, size): the caller issues ``size`` calls of ``group`` together,
+        and a batch waits (up to GROUP_WAIT_S, when batch_wait_ms > 0) until it holds them all."""
         if self._closed:
             raise RuntimeError("batcher is closed")
         fut: Future = Future()
         fut.submitted = time.monotonic()  # type: ignore[attr-defined]
+        fut.hint = hint  # type: ignore[attr-defined]
         self._queue.put((item, fut))
         self._schedule()
         return fut
 
-    def __call__(self, item: T, timeout: float | None = None) -> R:
-        fut = self.submit(item)
+    def __call__(self, item: T, timeout: float | None = None, hint: tuple[str, int] | None = None) -> R:
+        fut = self.submit(item, hint)
         try:
             return fut.result(timeout)
         except TimeoutError:
@@ -188,8 +207,17 @@ class ContinuousBatcher(Generic[T, R]):
         return not self.compute.idle() and self._queue.qsize() < want
 
     def _linger(self, batch: list, want: int) -> None:
-        deadline = time.monotonic() + self.max_wait_s
-        while len(batch) < want and self.compute.idle():
+        """Wait for the rest of the hinted groups in the batch (exact), else, while the compute thread
+        is idle, for the ``want`` items expected (a guess from recent traffic)."""
+        start = time.monotonic()
+        while len(batch) < self.max_batch_size:
+            hinted, incomplete = _group_status(batch)
+            if incomplete:
+                deadline = start + max(self.max_wait_s, GROUP_WAIT_S)
+            elif not hinted and len(batch) < want and self.compute.idle():
+                deadline = start + self.max_wait_s
+            else:
+                return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -215,3 +243,15 @@ class ContinuousBatcher(Generic[T, R]):
                 fut.set_exception(res)
             else:
                 fut.set_result(res)
+
+
+def _group_status(batch: list) -> tuple[bool, bool]:
+    """(whether any item of the batch is hinted, whether a hinted group still lacks items)."""
+    sizes: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for _, fut in batch:
+        hint = getattr(fut, "hint", None)
+        if hint is not None:
+            sizes[hint[0]] = hint[1]
+            counts[hint[0]] = counts.get(hint[0], 0) + 1
+    return bool(sizes), any(counts[g] < n for g, n in sizes.items())

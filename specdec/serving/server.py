@@ -14,6 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specdec.serving.batching import BATCH_HINT_KEY, parse_batch_hint
+
 logger = logging.getLogger(__name__)
 
 _MESSAGE_LIMITS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -102,6 +104,14 @@ def start_server(
     handle = ServerHandle(server, bound, health_servicer, service_names, [])
     handle.set_serving(False)
     return handle
+
+
+def batch_hint_of(context) -> tuple[str, int] | None:
+    """The call's batch hint metadata (see specdec.serving.batching), parsed; None when absent."""
+    for key, value in context.invocation_metadata() or ():
+        if key == BATCH_HINT_KEY:
+            return parse_batch_hint(value)
+    return None
 
 
 def time_remaining(context: grpc.ServicerContext) -> float | None:

@@ -60,6 +60,13 @@ DRAFT_STEP = Expected(
     "bench_draft_step.py", ["model", "dtype", "runtime", "vocab rows", "ms/pass", "ms/5-token pass", "c (fp32 target)",
                             "c (bf16 target)"], "model",
     ["target target"] * 2 + ["draft draft"] * 6, {"args"}, numeric=["ms/pass", "vocab rows"])  # tmp folder names
+CONCURRENCY = Expected(
+    "bench_concurrency.py", ["setup", "streams", "tokens/s", "x 1 stream", "batch/streams", "gap p50 ms", "gap p99 ms",
+                             "identical"], "setup",
+    [name for name in ("target alone", "pair, loop per request", "pair, grouped") for _ in (1, 2)],
+    {"target", "speculative_config", "dtype", "max_tokens", "streams", "requests_per_stream", "prompts",
+     "grouped_over_loops", "grouped_over_target_alone", "p99_gap_ratio_8_over_1"},
+    numeric=["tokens/s", "x 1 stream", "batch/streams"])
 DEFAULT_PAIR = Expected(
     "bench_default_pair.py", ["setup", "tokens/s", "speedup", "acceptance", "tokens/pass"], "setup",
     ["target alone (float32), served", "specdec k=1, target float32, draft bfloat16",
@@ -130,12 +137,19 @@ def check_draft_step(data: dict) -> None:
     assert rows[-1]["vocab rows"] < rows[-2]["vocab rows"]  # the draft vocabulary is a subset
 
 
+def check_concurrency(data: dict) -> None:
+    assert [r["streams"] for r in data["rows"]] == [1, 2] * 3
+    assert all(r["identical"] for r in data["rows"])  # greedy: every setup and concurrency gives the same tokens
+    assert set(data["grouped_over_loops"]) == {"1", "2"}  # (JSON keys)
+
+
 def check_default_pair(data: dict) -> None:
     assert data["best"]["setup"] == DEFAULT_PAIR.labels[1]
 
 
 @pytest.mark.parametrize("exp, extra", [pytest.param(e, f, id=e.script) for e, f in [
-    (OFFLINE, check_offline), (SERVING, check_serving), (TLI, check_tli), (DRAFT_STEP, check_draft_step)]])
+    (OFFLINE, check_offline), (SERVING, check_serving), (TLI, check_tli), (DRAFT_STEP, check_draft_step),
+    (CONCURRENCY, check_concurrency)]])
 def test_smoke(exp: Expected, extra, tmp_path):
     stdout, data = run_smoke(exp, tmp_path)
     check(exp, stdout, data)

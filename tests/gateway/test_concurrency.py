@@ -1,12 +1,16 @@
-"""Concurrent streams through the gateway are batched by the backends and stay exact."""
+"""Concurrent streams through the gateway: stepped as one group, batched whole by the backends, and exact."""
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway import scheduler as scheduler_module
+from specdec.serving import batching
+from specdec.v1 import generation_service_pb2_grpc
 from tests.services_conftest_helpers import (
     PROMPTS,
+    collect,
     generate,
     generate_request,
     hooked,
@@ -26,40 +30,62 @@ def _requests():
             for i in range(NUM_STREAMS)]
 
 
-def _first_call_waits_for_all(call, n: int):
-    """Wrap a client method so that each sequence's first call waits until n sequences are there."""
-    barrier = threading.Barrier(n, timeout=30)
-    seen: set[str] = set()
-    lock = threading.Lock()
+class _Records:
+    """Each scheduler step's group, and each service batch's sequence ids, in order."""
 
-    def wrapper(sequence_id, *args, **kwargs):
-        with lock:
-            first = sequence_id not in seen
-            seen.add(sequence_id)
-        if first:
-            barrier.wait()
-        return call(sequence_id, *args, **kwargs)
+    def __init__(self, gateway, target_backend, draft_backend, wait_for: int = 0):
+        self.steps: list[list[str]] = []
+        self.target: list[list[str]] = []
+        self.draft: list[list[str]] = []
+        scheduler = gateway.scheduler
+        step, may_step = scheduler._step, scheduler._may_step
 
-    return wrapper
+        def gated() -> bool:  # the first step waits until every stream has joined
+            return (bool(self.steps) or len(scheduler._members) >= wait_for) and may_step()
+
+        def recording_step(group):
+            self.steps.append([m.seq.sequence_id for m in group])
+            return step(group)
+
+        self._patches = [(scheduler, "_step", recording_step), (scheduler, "_may_step", gated)]
+        self.hints: list = []  # the batch hint each call reached its service with
+        for backend in (target_backend, draft_backend):
+            submit = backend.batcher.submit
+            self._patches.append((backend.batcher, "submit", lambda item, hint=None, submit=submit: (
+                self.hints.append(hint), submit(item, hint))[1]))
+        for backend, into in ((target_backend, self.target), (draft_backend, self.draft)):
+            run = backend.batcher._run_batch
+            self._patches.append((backend.batcher, "_run_batch",
+                                  lambda calls, run=run, into=into: (into.append([c.sequence_id for c in calls]),
+                                                                     run(calls))[1]))
+
+    def __enter__(self):
+        self._saved = [(obj, name, vars(obj).get(name)) for obj, name, _ in self._patches]
+        for obj, name, fn in self._patches:
+            setattr(obj, name, fn)
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, saved in self._saved:
+            if saved is None:
+                delattr(obj, name)  # back to the class's method
+            else:
+                setattr(obj, name, saved)
 
 
-def test_concurrent_streams_match_solo_runs_and_are_batched(stack, gen_stub, target_llm):
+def test_concurrent_streams_match_solo_runs_and_each_step_is_one_batch(stack, gen_stub, target_llm, monkeypatch):
     requests = _requests()
     solo = [generate(gen_stub, r) for r in requests]
     for req, out in zip(requests, solo):  # a solo stream is the target alone, greedy
         assert (out.text, out.token_ids) == offline_greedy(target_llm, req.prompt, req.max_tokens)
 
-    target_backend = stack.target.backend
-    draft_backend = stack.draft.backend
-    target_backend.batch_sizes.clear()
-    draft_backend.batch_sizes.clear()
-    # Make the 8 streams reach each service together (their first Propose and first Verify wait
-    # for all 8), so the batchers find several calls queued; the rest of each stream runs freely.
-    with hooked(stack.gateway.backend.draft, "propose") as propose_hook, \
-            hooked(stack.gateway.backend.target, "verify") as verify_hook, \
-            hooked(target_backend.runner, "_forward_padded") as padded:
-        for hook in (propose_hook, verify_hook):
-            hook.original = _first_call_waits_for_all(hook.original, NUM_STREAMS)
+    # A batch waits for its whole group however long that takes here: a hint that did not match the
+    # calls actually sent would now stall the test instead of passing by luck of timing.
+    monkeypatch.setattr(batching, "GROUP_WAIT_S", 30.0)
+    monkeypatch.setattr(scheduler_module, "MIN_STALL_S", 60.0)  # and no step is ever taken for stalled
+    gateway = stack.gateway.backend
+    with _Records(gateway, stack.target.backend, stack.draft.backend, wait_for=NUM_STREAMS) as rec, \
+            hooked(stack.target.backend.runner, "_forward_padded") as padded:
         with ThreadPoolExecutor(NUM_STREAMS) as pool:
             together = list(pool.map(lambda r: generate(gen_stub, r), requests))
 
@@ -67,10 +93,77 @@ def test_concurrent_streams_match_solo_runs_and_are_batched(stack, gen_stub, tar
         assert (out.text, out.token_ids) == (alone.text, alone.token_ids), req.request_id
         assert all(r.request_id == req.request_id for r in out.responses)
         assert out.last.completion_tokens == req.max_tokens
-    assert max(target_backend.batch_sizes) > 1, f"the target never batched: {target_backend.batch_sizes}"
-    assert sum(target_backend.batch_sizes) == sum(o.last.stats.num_target_passes for o in together)
-    assert max(draft_backend.batch_sizes) > 1, f"the draft never batched: {draft_backend.batch_sizes}"
-    assert max(target_backend.batch_sizes) <= target_backend.config.max_batch_size
-    # and some of those batches were padded multi-sequence forward passes (not only prefills)
+    # every step's Verify calls ran as ONE target batch holding exactly the step's live sequences
+    assert [sorted(b) for b in rec.target] == [sorted(g) for g in rec.steps]
+    assert len(rec.steps[0]) == NUM_STREAMS
+    assert rec.hints and all(h is not None and h[1] >= 1 for h in rec.hints)  # every call said its group's size
+    assert sum(map(len, rec.target)) == sum(o.last.stats.num_target_passes for o in together)
+    # and every step's Propose calls ONE draft batch (of the sequences that still had room to draft)
+    drafted = iter(rec.draft)
+    for group in rec.steps:
+        batch = next(drafted) if any(rec.draft) else []
+        assert set(batch) <= set(group)
+    assert max(map(len, rec.draft)) == NUM_STREAMS
     assert padded.calls > 0, "the target never ran a padded batch of several sequences"
+    wait_released(stack.target, stack.draft)
+
+
+def test_streams_that_start_and_end_at_different_times_match_solo_runs(stack, gen_stub):
+    requests = _requests()[:5]
+    solo = [generate(gen_stub, r) for r in requests]
+    started = [threading.Event() for _ in requests]
+    results: list = [None] * len(requests)
+
+    def run(i: int) -> None:
+        responses = []
+        for response in gen_stub.Generate(requests[i], timeout=120):
+            responses.append(response)
+            if len(responses) == 2:
+                started[i].set()  # the next stream joins once this one is two rounds in
+        started[i].set()
+        results[i] = collect(responses)
+
+    threads = []
+    for i in range(len(requests)):
+        if i:
+            assert started[i - 1].wait(120)
+        threads.append(threading.Thread(target=run, args=(i,)))
+        threads[-1].start()
+    for t in threads:
+        t.join(120)
+    for req, alone, out in zip(requests, solo, results):
+        assert out is not None and (out.text, out.token_ids) == (alone.text, alone.token_ids), req.request_id
+    wait_released(stack.target, stack.draft)
+
+
+def test_a_stalled_or_cancelled_stream_never_stalls_the_others(stack, gen_stub):
+    slow_req = generate_request(PROMPTS[0], max_tokens=40, k=2, request_id="slow")
+    gone_req = generate_request(PROMPTS[1], max_tokens=200, k=2, request_id="gone")
+    other_req = generate_request(EXTRA_PROMPTS[0], max_tokens=30, k=3, request_id="other")
+    slow_solo, other_solo = generate(gen_stub, slow_req), generate(gen_stub, other_req)
+
+    slow = gen_stub.Generate(slow_req, timeout=120)
+    first = next(slow)  # then this client stops reading until the others are done
+    gone = gen_stub.Generate(gone_req, timeout=120)
+    next(gone)
+    gone.cancel()  # this client goes away mid-stream
+    other = generate(gen_stub, other_req)  # finishes while one stream is stalled and one cancelled
+    assert (other.text, other.token_ids) == (other_solo.text, other_solo.token_ids)
+    rest = collect(slow)
+    assert (first.text + rest.text, list(first.token_ids) + rest.token_ids) == (slow_solo.text, slow_solo.token_ids)
+    wait_released(stack.target, stack.draft)
+
+
+def test_one_loop_per_request_still_available(servers, stack, gen_stub):
+    """--no-group-rounds: each request runs its own loop (the mode bench_serving compares against)."""
+    gw = servers.gateway(stack.target, stack.draft, group_rounds=False)
+    assert gw.backend.scheduler is None
+    stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(gw))
+    requests = _requests()[:3]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda r: generate(stub, r), requests))
+    for req, out in zip(requests, together):
+        alone = generate(gen_stub, req)
+        assert (out.text, out.token_ids) == (alone.text, alone.token_ids), req.request_id
+    servers.stop(gw)
     wait_released(stack.target, stack.draft)

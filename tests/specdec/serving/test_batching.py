@@ -318,3 +318,45 @@ def test_deferral_is_bounded(make, compute):
         assert fut.result(10) == 10
     finally:
         busy.set()
+
+
+def test_a_hinted_group_runs_as_one_batch_however_its_calls_trickle_in(make, monkeypatch):
+    from specdec.serving import batching
+
+    monkeypatch.setattr(batching, "GROUP_WAIT_S", 30.0)
+    rec = Recorder()
+    b = make(rec, expected=lambda: 1, max_wait_s=0.001)  # no traffic guess: only the hint keeps the batch open
+    first = b.submit(1, hint=("g1", 3))
+    ran_early = []
+
+    def later():
+        for x in (2, 3):
+            ran_early.append(rec.entered.wait(0.02))  # no batch has run: it still waits for the group
+            b.submit(x, hint=("g1", 3))
+
+    t = threading.Thread(target=later)
+    t.start()
+    assert first.result(10) == 10
+    t.join()
+    assert ran_early == [False, False]
+    assert rec.batches == [[1, 2, 3]]
+
+
+def test_a_complete_hinted_group_runs_at_once_and_an_incomplete_one_is_not_waited_for_forever(make, monkeypatch):
+    from specdec.serving import batching
+
+    rec = Recorder()
+    b = make(rec, expected=lambda: 50, max_wait_s=30.0)  # the traffic guess would wait: a complete hint does not
+    assert b.submit(1, hint=("a", 1)).result(5) == 10
+    monkeypatch.setattr(batching, "GROUP_WAIT_S", 0.05)
+    b.max_wait_s = 0.001
+    assert b.submit(2, hint=("b", 2)).result(5) == 20  # its partner never comes (a call failed en route)
+    assert rec.batches == [[1], [2]]
+
+
+@pytest.mark.parametrize("hint, parsed", [("abc-1:3", ("abc-1", 3)), ("a:b:2", ("a:b", 2)), (None, None), ("", None),
+                                          ("g:0", None), ("g:x", None), (":3", None), ("nocolon", None)])
+def test_batch_hints_parse_or_are_ignored(hint, parsed):
+    from specdec.serving.batching import parse_batch_hint
+
+    assert parse_batch_hint(hint) == parsed

@@ -1,0 +1,198 @@
+"""Group scheduling: the gateway steps all live sequences' rounds together.
+
+One independent loop per request lets concurrent streams fall out of step: while some verify, others
+propose, and each service runs several small batches where one would do. ``RoundScheduler`` runs
+one loop for every live sequence instead (vLLM-style scheduling): each step issues every sequence's
+Propose at once, waits for them, then every Verify at once (``specdec.decoding.group_round``), and
+each call carries a batch hint (``specdec-batch: <group>:<size>`` metadata, see
+``specdec.serving.batching``) so the service runs the whole phase as one batch instead of guessing
+with a timer. Sequences join at the next step and leave when they finish, fail or are cancelled;
+each request still streams its tokens as soon as its round is verified.
+
+A slow consumer never stalls the group (its rounds queue up for it), nor does a cancelled one (it
+is dropped at the next step), nor a call that hangs: once a step has run for several times the usual
+step time, the ready sequences step without it, and it rejoins them at a step boundary when its call
+returns. A sequence whose call fails leaves the group with its error.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from gateway.clients import batch_hint
+from specdec.decoding import group_round
+from specdec.errors import BackendUnavailableError
+from specdec.sequence import SequenceState
+
+logger = logging.getLogger(__name__)
+
+_CANCELLED = object()  # handed to a member whose client went away
+# A step in flight for longer than STALL_FACTOR x the median recent step (and at least MIN_STALL_S) has
+# stalled (a hung call, a long prefill): the ready members then run a step of their own.
+MIN_STALL_S = 1.0
+STALL_FACTOR = 4.0
+STALL_POLL_S = 0.1
+
+
+class _Member:
+    def __init__(self, seq: SequenceState, k: int, cancelled: Callable[[], bool] | None):
+        self.seq, self.k = seq, k
+        self.cancelled = cancelled or (lambda: False)
+        self.rounds: queue.Queue = queue.Queue()  # each step's (text, token ids, finished), an exception, or _CANCELLED
+        self.active = True  # still stepped: not finished, failed, cancelled or left
+        self.seen = 0  # output tokens already handed out
+
+
+class RoundScheduler:
+    """Drives the rounds of every sequence that joins, one step of the whole group at a time."""
+
+    def __init__(self, draft, target, max_concurrent_calls: int, hints: bool = True):
+        self.draft, self.target = draft, target
+        self.hints = hints  # batch hints are exact only when every call of a phase goes to one service
+        self._members: list[_Member] = []
+        self._in_step: dict[int, float] = {}  # id of each member a step in flight holds -> when that step began
+        self._durations: collections.deque[float] = collections.deque(maxlen=32)  # recent steps' run times
+        self._cond = threading.Condition()
+        self._closed = False
+        self._groups = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]  # group ids differ between gateways sharing a service
+        self._pool = ThreadPoolExecutor(max(1, max_concurrent_calls), thread_name_prefix="round-call")
+        self.steps = 0  # steps run (for tests and logs)
+        self._thread = threading.Thread(target=self._loop, name="round-scheduler", daemon=True)
+        self._thread.start()
+
+    def rounds(self, seq: SequenceState, k: int,
+               cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, list[int], bool]]:
+        """The sequence's rounds as the group runs them: each round's (new text, new token ids, finished).
+        As with ``decode``, closing the iterator, an error or ``cancelled()`` (checked every step) ends
+        it and releases both services' caches."""
+        member = _Member(seq, k, cancelled)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the gateway is closing")
+            self._members.append(member)
+            self._cond.notify_all()
+        try:
+            finished = False
+            while not finished:
+                item = member.rounds.get()
+                if item is _CANCELLED:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item[2]
+                yield item
+        finally:
+            self._leave(member)
+
+    def _leave(self, member: _Member) -> None:
+        with self._cond:
+            member.active = False
+            while id(member) in self._in_step:  # its calls are in flight: let the step end first
+                self._cond.wait()
+            self._members.remove(member)
+        member.seq.abort()
+        for client in (self.target, self.draft):
+            if client is not None:
+                client.release(member.seq.sequence_id)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._may_step():
+                    self._cond.wait(STALL_POLL_S if self._in_step else None)
+                if self._closed:
+                    return
+                group = []
+                for m in self._members:
+                    if not m.active or id(m) in self._in_step:
+                        continue
+                    if m.cancelled():
+                        m.active = False
+                        m.rounds.put(_CANCELLED)
+                    else:
+                        group.append(m)
+                if not group:
+                    continue
+                started = time.monotonic()
+                self._in_step.update((id(m), started) for m in group)
+            threading.Thread(target=self._run_step, args=(group, started), name="round-step", daemon=True).start()
+
+    def _may_step(self) -> bool:
+        """A step may start: some member is ready (active, not in a step), and no step is in flight, or
+        the oldest one has stalled (a hung call must not hold up everyone else: the ready members go ahead
+        and rejoin the stalled ones at a later step boundary)."""
+        if not any(m.active and id(m) not in self._in_step for m in self._members):
+            return False
+        if not self._in_step:
+            return True
+        return time.monotonic() - min(self._in_step.values()) > self.stall_seconds()
+
+    def stall_seconds(self) -> float:
+        """How long a step may run before the ready members start one of their own."""
+        recent = sorted(self._durations)
+        return max(MIN_STALL_S, STALL_FACTOR * recent[len(recent) // 2]) if recent else MIN_STALL_S
+
+    def _run_step(self, group: list[_Member], started: float) -> None:
+        try:
+            self._step(group)
+        finally:
+            with self._cond:
+                self._durations.append(time.monotonic() - started)
+                for m in group:
+                    self._in_step.pop(id(m), None)
+                self._cond.notify_all()
+
+    def _step(self, group: list[_Member]) -> None:
+        if not group:
+            return
+        self.steps += 1
+        try:
+            outcomes = group_round(self.draft, self.target, [m.seq for m in group], [m.k for m in group],
+                                   self._run_all)
+        except BaseException as exc:  # noqa: BLE001 - a bug here must fail the requests, not hang them
+            logger.exception("a round of %d sequences failed", len(group))
+            outcomes = [exc] * len(group)
+        for member, outcome in zip(group, outcomes):
+            seq = member.seq
+            if isinstance(outcome, BaseException) or seq.finished:
+                member.active = False
+            if isinstance(outcome, BaseException):
+                member.rounds.put(outcome)
+                continue
+            member.rounds.put((outcome, seq.output_token_ids[member.seen:], seq.finished))
+            member.seen = len(seq.output_token_ids)
+
+    def _run_all(self, calls: Sequence[Callable[[], object]]) -> list:
+        """Issue a phase's calls at once (each on a pool thread, with the phase's batch hint); wait for all."""
+        if not calls:
+            return []
+        hint = f"{self._prefix}-{next(self._groups)}:{len(calls)}" if self.hints else None
+
+        def run(call: Callable[[], object]):
+            with batch_hint(hint):
+                try:
+                    return call()
+                except BaseException as exc:  # noqa: BLE001 - handed to its own sequence
+                    return exc
+
+        return list(self._pool.map(run, calls))
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for m in self._members:  # nobody steps them any more: tell their requests
+                if m.active:
+                    m.active = False
+                    m.rounds.put(BackendUnavailableError("the gateway is shutting down; retry"))
+            self._cond.notify_all()
+        self._thread.join(30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
