@@ -71,6 +71,8 @@ class _RemoteBackend:
         self.call_timeout: float | None = None  # a deadline of each call of its own (the draft's, with fallback)
         self.stop_retrying: Callable[[], bool] = lambda: False  # e.g. the target is known down
         self.on_unavailable: Callable[[], None] = lambda: None  # called when retries ran out
+        # (phase, k, seconds) of each successful Propose / Verify: adaptive k keeps its costs current with it
+        self.on_call_time: Callable[[str, int, float], None] | None = None
 
     def set_deadline(self, sequence_id: str, deadline: float | None) -> None:
         """Propagate the client's deadline: every call for this sequence gets the time left."""
@@ -181,7 +183,10 @@ class RemoteDraft(_RemoteBackend):
                 draft_sample_method=self.draft_sample_method,
             )
 
+        began = time.monotonic()
         resp = self._call(self._stub.Propose, make, sequence_id, token_ids)
+        if self.on_call_time is not None:
+            self.on_call_time(self.phase, num_speculative_tokens, time.monotonic() - began)
         return RemoteProposal(list(resp.draft_token_ids), list(resp.draft_probs), self.vocab_size)
 
 
@@ -222,6 +227,9 @@ class RemoteTarget(_RemoteBackend):
                 draft_token_ids=proposal.draft_token_ids, draft_probs=probs, sampling_params=sampling,
             )
 
+        began = time.monotonic()
         resp = self._call(self._stub.Verify, make, sequence_id, token_ids)
+        if self.on_call_time is not None:
+            self.on_call_time(self.phase, len(proposal.draft_token_ids), time.monotonic() - began)
         next_token = resp.bonus_token_id if resp.WhichOneof("next_token") == "bonus_token_id" else resp.recovered_token_id
         return VerifyResult(resp.num_accepted_tokens, next_token)

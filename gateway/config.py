@@ -45,6 +45,10 @@ class GatewayConfig:
     disable_by_batch_size: int | None = field(default=None, metadata={"help": "verify without drafts while this many "
                                                                              "sequences are generating (vLLM's name; "
                                                                              "none: always speculate)"})
+    adaptive_k: bool = field(default=False, metadata={"help": "each sequence picks its k per round (up to "
+                                                              "--num-speculative-tokens) from its recent acceptance "
+                                                              "and the measured cost of a round; a request's own "
+                                                              "num_speculative_tokens pins it"})
     group_rounds: bool = field(default=True, metadata={"help": "step every live sequence's round together: one "
                                                                "batch of Propose calls, then one of Verify calls, each "
                                                                "service batching the phase whole (--no-group-rounds: "

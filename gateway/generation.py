@@ -13,10 +13,11 @@ from gateway.config import GatewayConfig
 from gateway.replicas import ReplicaSet, is_replica_spec
 from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, SheddingDraft, TargetHealth
 from gateway.scheduler import RoundScheduler
+from specdec.adaptive import AdaptiveK, RoundCosts, calibrate
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
 from specdec.proposal import check_num_speculative_tokens
-from specdec.errors import ConfigError, InvalidRequestError
+from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.models import load_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
@@ -26,6 +27,7 @@ from specdec.serving.tls import channel_security
 
 logger = logging.getLogger(__name__)
 request_log = logging.getLogger("specdec.requests")  # one line per finished sequence
+CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog. A round's cost is measured on this text."
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Gateway:
                                      on_change=lambda old, new: metrics.breaker_changed(name, old, new))
             timeout = None if config.draft_timeout_ms is None else config.draft_timeout_ms / 1000
             self.draft = FallbackDraft(self.draft, breaker, name, timeout)
+        self.round_costs = self._calibrate(draft_client) if config.adaptive_k and self.draft is not None else None
         self.round_draft = self.draft  # what the rounds propose with: under load, possibly nothing
         if self.draft is not None and config.disable_by_batch_size:
             self.round_draft = SheddingDraft(self.draft, lambda: self.admission.running, config.disable_by_batch_size,
@@ -111,6 +114,20 @@ class Gateway:
                               f"(target {t.max_num_speculative_tokens}, draft {d.max_num_speculative_tokens})")
         self.draft.vocab_size = t.vocab_size
         logger.info("serving target %s with draft %s, k=%d", t.model_name, d.model_name, k)
+
+    def _calibrate(self, draft_client) -> RoundCosts | None:
+        """Adaptive k's round costs: measured now on a scratch sequence, then kept current by every call."""
+        k_max = self.config.num_speculative_tokens
+        try:
+            costs = calibrate(self.draft, self.target, self.tokenize(CALIBRATION_TEXT), k_max)
+        except SpecDecError as exc:  # e.g. the draft is not up yet: fixed k until a restart
+            logger.warning("adaptive k is off: measuring the round costs failed (%s)", exc)
+            return None
+        for client in (self.target, draft_client):
+            client.on_call_time = costs.observe
+        logger.info("adaptive k up to %d; round costs (ms) verify %s, propose %s", k_max,
+                    [round(1000 * v, 1) for v in costs.verify], [round(1000 * p, 1) for p in costs.propose])
+        return costs
 
     @property
     def model_name(self) -> str:
@@ -152,9 +169,12 @@ class Gateway:
             seq.sequence_id = f"{request_id}-{seq.sequence_id[:8]}"
         return seq
 
-    def resolve_k(self, k: int | None) -> int:
-        """A request's k (0: no speculation for it), or the configured one."""
+    def resolve_k(self, k: int | None) -> int | AdaptiveK:
+        """A request's k (0: no speculation for it), or the configured one: with adaptive k, a policy that
+        picks each round's k up to it."""
         if k is None:
+            if self.round_costs is not None:
+                return AdaptiveK(self.round_costs, self.config.num_speculative_tokens)
             return self.config.num_speculative_tokens
         check_num_speculative_tokens(k, minimum=0)
         return k

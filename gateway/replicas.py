@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 REPLICA_RETRY_SECONDS = 2.0
 # settings the gateway puts on its backend client; a replica set hands them to every replica
-_SHARED = ("model_name", "retry_seconds", "call_timeout", "stop_retrying", "on_unavailable", "vocab_size")
+_SHARED = ("model_name", "retry_seconds", "call_timeout", "stop_retrying", "on_unavailable", "vocab_size",
+           "on_call_time")
 
 
 def is_replica_spec(spec: str) -> bool:

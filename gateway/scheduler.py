@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway.clients import batch_hint
-from specdec.decoding import group_round
+from specdec.decoding import group_round, k_of
 from specdec.errors import BackendUnavailableError
 from specdec.sequence import SequenceState
 
@@ -69,7 +69,7 @@ class RoundScheduler:
         self._thread = threading.Thread(target=self._loop, name="round-scheduler", daemon=True)
         self._thread.start()
 
-    def rounds(self, seq: SequenceState, k: int,
+    def rounds(self, seq: SequenceState, k: int | Callable[[SequenceState], int],
                cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, list[int], bool]]:
         """The sequence's rounds as the group runs them: each round's (new text, new token ids, finished).
         As with ``decode``, closing the iterator, an error or ``cancelled()`` (checked every step) ends
@@ -156,7 +156,7 @@ class RoundScheduler:
             return
         self.steps += 1
         try:
-            outcomes = group_round(self.draft, self.target, [m.seq for m in group], [m.k for m in group],
+            outcomes = group_round(self.draft, self.target, [m.seq for m in group], [k_of(m.k, m.seq) for m in group],
                                    self._run_all)
         except BaseException as exc:  # noqa: BLE001 - a bug here must fail the requests, not hang them
             logger.exception("a round of %d sequences failed", len(group))

@@ -52,6 +52,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     # vLLM's key: rounds verify without drafts while this many sequences are generating
     disable_by_batch_size: int | None = None
+    # each sequence picks its k per round, up to num_speculative_tokens (specdec.adaptive); false pins k
+    adaptive_k: bool = False
 
     @property
     def uses_lookup(self) -> bool:

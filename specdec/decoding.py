@@ -85,15 +85,22 @@ def _call(fn: Callable, *args) -> Callable[[], object]:
     return lambda: fn(*args)
 
 
-def decode(draft: Proposer | None, target: Verifier, seq: SequenceState, k: int) -> Iterator[str]:
-    """Run rounds until the sequence finishes, yielding each round's new text.
+def k_of(k: int | Callable[[SequenceState], int], seq: SequenceState) -> int:
+    """This round's k: a fixed k, or what a policy (e.g. ``specdec.adaptive.AdaptiveK``) picks for the sequence."""
+    return k(seq) if callable(k) else k
+
+
+def decode(draft: Proposer | None, target: Verifier, seq: SequenceState,
+           k: int | Callable[[SequenceState], int]) -> Iterator[str]:
+    """Run rounds until the sequence finishes, yielding each round's new text. ``k``: drafts per round,
+    or a policy that picks them before each round.
 
     Tokens after EOS, a stop string or the length limit inside an accepted block are dropped.
     Both workers' caches are released at the end, on error and on abandonment (generator close).
     """
     try:
         while not seq.finished:
-            yield commit(seq, speculative_round(draft, target, seq, k))
+            yield commit(seq, speculative_round(draft, target, seq, k_of(k, seq)))
     finally:
         seq.abort()
         target.release(seq.sequence_id)

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.adaptive import AdaptiveK, calibrate
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible, legacy_speculative_config
 from specdec.decoding import decode
 from specdec.runner import ModelRunner
@@ -108,6 +109,11 @@ class LLM:
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
                 self._draft_worker = HybridDraftWorker(self._draft_worker, *cfg.lookup_range())
+        self._round_costs = None  # adaptive k: a round's measured costs by k
+        if cfg is not None and cfg.adaptive_k:
+            text = self.target.tokenizer("The quick brown fox jumps over the lazy dog.").input_ids
+            self._round_costs = calibrate(self._draft_worker, self._target_worker, list(text) or [0],
+                                          cfg.num_speculative_tokens)
 
     @property
     def token_id_limit(self) -> int:
@@ -164,7 +170,9 @@ class LLM:
 
     def stream(self, seq: SequenceState) -> Iterator[str]:
         """Generate one sequence, yielding text deltas as rounds complete."""
-        return decode(self._draft_worker, self._target_worker, seq, self.num_speculative_tokens)
+        k = self.num_speculative_tokens
+        return decode(self._draft_worker, self._target_worker, seq,
+                      AdaptiveK(self._round_costs, k) if self._round_costs is not None else k)
 
     def generate(
         self,

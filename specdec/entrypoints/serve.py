@@ -143,6 +143,7 @@ def start_stack(cfg: ServeConfig) -> Stack:
             use_heterogeneous_vocab=spec.use_heterogeneous_vocab if spec else False,
             metrics_port=cfg.metrics_port, log_requests=cfg.log_requests, group_rounds=cfg.group_rounds,
             disable_by_batch_size=spec.disable_by_batch_size if spec else None,
+            adaptive_k=spec.adaptive_k if spec else False,
         ))
     except BaseException:
         for h in (draft, target):

@@ -1,4 +1,4 @@
-"""N-gram and hybrid drafting through the services, started as ``specdec serve`` starts them: greedy
+"""N-gram, hybrid and adaptive-k drafting through the services, started as ``specdec serve`` starts them: greedy
 output equals the target alone; the draft service loads no model for n-gram drafting; a request's
 num_speculative_tokens=0 turns speculation off for it."""
 
@@ -26,13 +26,17 @@ def _stack(target_dir, spec: dict):
     {"method": "ngram", "num_speculative_tokens": 4},
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2},
     "hybrid",
+    "adaptive hybrid",
 ])
 def test_served_lookup_drafting_equals_the_target_alone(target_dir, good_draft_dir, target_llm, spec):
-    if spec == "hybrid":
-        spec = {"model": str(good_draft_dir), "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    adaptive = spec == "adaptive hybrid"
+    if spec in ("hybrid", "adaptive hybrid"):
+        spec = {"model": str(good_draft_dir), "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                "adaptive_k": adaptive}
     stack = _stack(target_dir, spec)
     try:
         backend = stack.draft.backend
+        assert (stack.gateway.backend.round_costs is not None) == spec.get("adaptive_k", False)
         if spec["method" if "method" in spec else "model"] == "ngram":
             assert backend.lm is None  # no model loaded
         with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
