@@ -91,6 +91,12 @@ def build_setups(args) -> tuple[list[Setup], dict[str, dict | None]]:
                       "prompt_lookup_min": alt_low},
         "hybrid": {"method": "draft_model", "model": args.draft, "num_speculative_tokens": max(args.hybrid_ks),
                    "prompt_lookup_max": args.hybrid_lookup_max, "prompt_lookup_min": hyb_low},
+        # adaptive k (requests leave k unset: each sequence picks its own, up to the stack's k)
+        "model-adaptive": {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.adaptive_k_max,
+                           "adaptive_k": True},
+        "hybrid-adaptive": {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.adaptive_k_max,
+                            "prompt_lookup_max": args.hybrid_lookup_max, "prompt_lookup_min": hyb_low,
+                            "adaptive_k": True},
     }
     setups = [Setup("target alone", "target", None, "target")]
     setups += [Setup(f"model draft k={k}", "model", k, "model") for k in args.model_ks]
@@ -99,6 +105,9 @@ def build_setups(args) -> tuple[list[Setup], dict[str, dict | None]]:
                         args.ngram_alt_k, "ngram"))
     setups += [Setup(f"hybrid k={k} (draft + {lookup_label(hyb_low, args.hybrid_lookup_max)})", "hybrid", k, "hybrid")
                for k in args.hybrid_ks]
+    setups.append(Setup(f"model draft adaptive k<={args.adaptive_k_max}", "model-adaptive", None, "model-adaptive"))
+    setups.append(Setup(f"hybrid adaptive k<={args.adaptive_k_max} (draft + "
+                        f"{lookup_label(hyb_low, args.hybrid_lookup_max)})", "hybrid-adaptive", None, "hybrid-adaptive"))
     return setups, stacks
 
 
@@ -305,6 +314,7 @@ def main() -> int:
     ap.add_argument("--ngram-alt-k", type=int, default=4, help="k of the other lookup range's row (default 4)")
     ap.add_argument("--hybrid-ks", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--hybrid-lookup-max", type=int, default=3, help="the hybrid's prompt_lookup_max (default 3)")
+    ap.add_argument("--adaptive-k-max", type=int, default=3, help="the adaptive rows' upper bound on k (default 3)")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens (default: stop at EOS)")
     ap.add_argument("--prompts-per-set", type=int, default=None, help="the first N prompts of each set")
@@ -406,6 +416,14 @@ def main() -> int:
         "open_ended_ngram_not_worse_than_model_draft": {**vs_model(ngram_best_mixed, "open-ended"), "goal": 1.0},
         "open_ended_hybrid_not_worse_than_model_draft": {**vs_model(hybrid_best, "open-ended"), "goal": 1.0},
     }
+    for kind, fixed in (("hybrid-adaptive", "hybrid"), ("model-adaptive", "model")):
+        adaptive = next(s for s in setups if s.kind == kind)
+        for set_name in SETS:  # adaptive k, not told the set, vs the best fixed k OF THAT SET
+            best = max((s for s in setups if s.kind == fixed), key=lambda s: by[(s.label, set_name)]["tokens/s"])
+            goals[f"{kind}_within_5pct_of_best_fixed_k_{set_name}"] = {
+                "setup": adaptive.label, "set": set_name, "vs": best.label, "goal": 0.95,
+                "ratio": by[(adaptive.label, set_name)]["tokens/s"] / by[(best.label, set_name)]["tokens/s"],
+                "ratio_per_repeat": per_repeat_ratio(runs, sets[set_name], adaptive.label, best.label, args.repeats)}
     for g in goals.values():
         g["met"] = (g["value"] if "value" in g else g["ratio"]) >= g["goal"]
     hybrid_vs_model_mixed = vs_model(hybrid_best, "mixed")

@@ -258,13 +258,14 @@ def test_smoke_service_processes(exp: Expected, extra, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# bench_drafting.py: n-gram, hybrid and model drafting, five served stacks (in-process under --smoke)
+# bench_drafting.py: n-gram, hybrid, model drafting and adaptive k, seven served stacks (in-process under --smoke)
 
 
 DRAFTING_SETUPS = ["target alone", "model draft k=1", "model draft k=2", "model draft k=3", "n-gram k=2 (lookup 2-4)",
                    "n-gram k=4 (lookup 2-4)", "n-gram k=6 (lookup 2-4)", "n-gram k=4 (lookup 1-3)",
                    "hybrid k=1 (draft + lookup 2-3)", "hybrid k=2 (draft + lookup 2-3)",
-                   "hybrid k=3 (draft + lookup 2-3)"]
+                   "hybrid k=3 (draft + lookup 2-3)", "model draft adaptive k<=3",
+                   "hybrid adaptive k<=3 (draft + lookup 2-3)"]
 DRAFTING_SETS = ["input-grounded", "open-ended", "mixed"]
 DRAFTING = Expected(
     "bench_drafting.py", ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance",
@@ -284,6 +285,8 @@ def test_smoke_drafting(tmp_path):
     for r in rows:
         if r["setup"] == "target alone":
             assert r["speedup"] == 1.0 and r["acceptance"] is None and "k" not in r
+        elif "adaptive" in r["setup"]:
+            assert "k" not in r  # each sequence picks its own
         else:
             assert r["k"] == int(r["setup"].split("k=")[1].split()[0]), r
         assert r["acceptance"] is None or 0.0 <= r["acceptance"] <= 1.0, r
