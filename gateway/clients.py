@@ -26,7 +26,7 @@ from specdec.serving.metrics import HISTORY_RESENDS, gateway_series
 from specdec.serving.batching import BATCH_HINT_KEY
 from specdec.serving.server import channel_options
 from specdec.serving.tls import PLAINTEXT, ChannelSecurity
-from specdec.serving.wire import probs_from_proto, probs_to_proto, sampling_to_proto
+from specdec.serving.wire import logprobs_from_proto, probs_from_proto, probs_to_proto, sampling_to_proto
 from specdec.v1 import common_pb2, draft_service_pb2, draft_service_pb2_grpc, target_service_pb2, target_service_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -225,6 +225,7 @@ class RemoteTarget(_RemoteBackend):
             return target_service_pb2.VerifyRequest(
                 sequence_id=sequence_id, start_position=start, new_token_ids=new,
                 draft_token_ids=proposal.draft_token_ids, draft_probs=probs, sampling_params=sampling,
+                logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,  # None: unset, not computed
             )
 
         began = time.monotonic()
@@ -232,4 +233,6 @@ class RemoteTarget(_RemoteBackend):
         if self.on_call_time is not None:
             self.on_call_time(self.phase, len(proposal.draft_token_ids), time.monotonic() - began)
         next_token = resp.bonus_token_id if resp.WhichOneof("next_token") == "bonus_token_id" else resp.recovered_token_id
-        return VerifyResult(resp.num_accepted_tokens, next_token)
+        return VerifyResult(resp.num_accepted_tokens, next_token,
+                            logprobs_from_proto(resp.logprobs) if params.logprobs is not None else None,
+                            logprobs_from_proto(resp.prompt_logprobs) if params.prompt_logprobs is not None else None)

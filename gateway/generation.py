@@ -16,7 +16,7 @@ from gateway.scheduler import RoundScheduler
 from specdec.adaptive import AdaptiveK, RoundCosts, calibrate
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import decode
-from specdec.proposal import check_num_speculative_tokens
+from specdec.proposal import TokenLogprob, check_num_speculative_tokens
 from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.models import load_tokenizer
 from specdec.sampling import SamplingParams
@@ -37,6 +37,7 @@ class Delta:
     text: str
     token_ids: list[int]
     finished: bool
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids when the request asked for logprobs
 
 
 class Gateway:
@@ -199,14 +200,19 @@ class Gateway:
                   else _solo_rounds(decode(self.round_draft, self.target, seq, k), seq))
         try:
             seq_metrics.round_started()  # the first round starts now; the loop runs them back to back
+            logprobs_seen = 0  # the tokens' logprobs, in step with the rounds' token ids
             for text, new_ids, finished in rounds:
+                new_logprobs = None
+                if seq.logprobs is not None:
+                    new_logprobs = seq.logprobs[logprobs_seen: logprobs_seen + len(new_ids)]
+                    logprobs_seen += len(new_ids)
                 seq_metrics.round_done(seq.stats, len(new_ids))
                 if finished:
                     seq_metrics.finished(seq.finish_reason, len(seq.output_token_ids))
                     self._log_finished(seq, seq_metrics)
                 if cancelled is not None and cancelled():
                     break
-                yield Delta(text, new_ids, finished)
+                yield Delta(text, new_ids, finished, new_logprobs)
         finally:
             rounds.close()
             seq_metrics.closed()

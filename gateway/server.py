@@ -12,7 +12,7 @@ from specdec.serving.grpc_errors import map_errors, map_stream_errors, status_co
 from specdec.serving.metrics import request_error
 from specdec.serving.server import ServerHandle, start_metrics_server, start_server, time_remaining
 from specdec.serving.tls import check_key_pair, server_credentials_from
-from specdec.serving.wire import sampling_from_proto
+from specdec.serving.wire import logprobs_to_proto, optional_field, sampling_from_proto
 from specdec.sequence import SequenceState
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
 
@@ -43,6 +43,8 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
             stop_token_ids=list(request.stop_token_ids),
             ignore_eos=request.ignore_eos,
             include_stop_str_in_output=request.include_stop_str_in_output,
+            logprobs=optional_field(request, "logprobs"),
+            prompt_logprobs=optional_field(request, "prompt_logprobs"),
         )
         if request.HasField("max_tokens") and request.max_tokens == 0:
             raise InvalidRequestError("max_tokens must be >= 1 (leave it unset for no limit)", param="max_tokens")
@@ -63,8 +65,12 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
         stream = self.gateway.stream(seq, k, deadline_from_timeout(time_remaining(context)),
                                      cancelled=lambda: not context.is_active())
         request_id = request.request_id or seq.sequence_id
+        prompt_sent = False
         try:
             for delta in stream:  # a client that goes away stops it at the next round (cancelled)
+                prompt_logprobs = None
+                if seq.prompt_logprobs is not None and not prompt_sent:
+                    prompt_logprobs, prompt_sent = logprobs_to_proto(seq.prompt_logprobs[1:]), True
                 yield pb.GenerateResponse(
                     request_id=request_id,
                     text=delta.text,
@@ -74,6 +80,8 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
                     stats=_stats(seq),
                     prompt_tokens=len(seq.prompt_token_ids),
                     completion_tokens=len(seq.output_token_ids),
+                    logprobs=logprobs_to_proto(delta.logprobs),
+                    prompt_logprobs=prompt_logprobs,
                 )
         finally:
             stream.close()

@@ -34,8 +34,9 @@ def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceSta
     k = min(k, seq.budget - 1) if draft is not None else 0  # never draft past max_tokens / max_model_len
     proposal = draft.propose(seq.sequence_id, seq.token_ids, k, seq.params) if k > 0 else Proposal([])
     proposal = proposal.truncated(seq.budget - 1)  # a TLI draft's text can make more target tokens than k
-    result = target.verify(seq.sequence_id, seq.token_ids, proposal, seq.params)
+    result = target.verify(seq.sequence_id, seq.token_ids, proposal, seq.verify_params)
     seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens)
+    seq.note_verify(result)  # logprobs travel with the tokens
     return result.emitted(proposal.draft_token_ids)
 
 
@@ -69,7 +70,7 @@ def group_round(draft: Proposer | None, target: Verifier, seqs: Sequence[Sequenc
     live = [i for i, p in enumerate(proposals) if not isinstance(p, BaseException)]
     results: list = list(proposals)
     for i, r in zip(live, run_all([_call(target.verify, seqs[i].sequence_id, seqs[i].token_ids, proposals[i],
-                                         seqs[i].params) for i in live])):
+                                         seqs[i].verify_params) for i in live])):
         results[i] = r
     out: list[str | BaseException] = []
     for seq, proposal, result in zip(seqs, proposals, results):
@@ -77,6 +78,7 @@ def group_round(draft: Proposer | None, target: Verifier, seqs: Sequence[Sequenc
             out.append(result)
             continue
         seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens)
+        seq.note_verify(result)  # logprobs travel with the tokens
         out.append(commit(seq, result.emitted(proposal.draft_token_ids)))
     return out
 

@@ -29,9 +29,25 @@ class Proposal:
 
 
 @dataclass
+class TokenLogprob:
+    """The target's log-probability of one token at one position, and the position's top tokens.
+
+    Raw log-probabilities (log_softmax of the model's logits, before temperature, top-k/top-p or
+    penalties), as vLLM's default ``logprobs_mode="raw_logprobs"`` returns them."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the position's most likely (token id, logprob), most likely first
+
+
+@dataclass
 class VerifyResult:
     num_accepted_tokens: int
     next_token_id: int  # bonus token when all drafts were accepted, else the recovered token
+    # one per emitted token (accepted drafts, then the next token) when the call asked for logprobs
+    logprobs: list[TokenLogprob] | None = None
+    # one per prompt token after the first (the first has none) when the call asked for prompt logprobs
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def emitted(self, draft_token_ids: list[int]) -> list[int]:
         return draft_token_ids[: self.num_accepted_tokens] + [self.next_token_id]

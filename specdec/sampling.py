@@ -11,9 +11,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specdec.errors import InvalidRequestError
+from specdec.proposal import TokenLogprob
 
 
 _MIN_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20  # the most top logprobs a position may return (vLLM's default max_logprobs, OpenAI's top_logprobs)
 
 
 @dataclass
@@ -30,6 +32,10 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    # the target's raw log-probabilities: of each generated token and its top N (N = logprobs; 0: the
+    # token alone), and of each prompt token (prompt_logprobs = N). None: not computed.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +73,10 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LOGPROBS):
+                raise bad(name, f"must be an integer in [0, {MAX_LOGPROBS}] (top logprobs per token), got {v!r}")
 
     @property
     def greedy(self) -> bool:
@@ -115,6 +125,21 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     flat = probs.reshape(-1, probs.shape[-1])
     out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
     return out.reshape(probs.shape[:-1])
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> list[TokenLogprob]:
+    """The raw log-probabilities of ``token_ids`` (one per row of ``logits`` [m, vocab]) and each row's
+    ``top_n`` most likely tokens: log_softmax of the model's logits, before any processing (vLLM's
+    default ``raw_logprobs``)."""
+    lp = torch.log_softmax(logits[: len(token_ids)].float(), dim=-1)  # [m, vocab]
+    ids = torch.tensor(token_ids, dtype=torch.long, device=lp.device)
+    chosen = lp.gather(-1, ids[:, None]).squeeze(-1).tolist()
+    if top_n:
+        values, idx = lp.topk(min(top_n, lp.shape[-1]), dim=-1)
+        tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), values.tolist())]
+    else:
+        tops = [[] for _ in token_ids]
+    return [TokenLogprob(t, c, top) for t, c, top in zip(token_ids, chosen, tops)]
 
 
 @dataclass

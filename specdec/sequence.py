@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.proposal import TokenLogprob, VerifyResult
 from specdec.sampling import SamplingParams, SpecDecodeStats
 
 
@@ -71,6 +72,14 @@ class SequenceState:
         self._max_stop_len = max((len(s) for s in self.params.stop), default=0)
         self._stop_ids = frozenset(self.params.stop_token_ids)
         self._emitted = 0  # characters of self.text already returned by append()
+        # The target's logprobs, one per output token (params.logprobs), and per prompt token with None
+        # for the first (params.prompt_logprobs, filled by the first round).
+        self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self._pending_logprobs: list[TokenLogprob] = []  # the round's, appended with its tokens
+        # prompt logprobs are asked for in the first round only
+        self._later_params = (self.params.clone(prompt_logprobs=None) if self.params.prompt_logprobs is not None
+                              else self.params)
         if self.budget <= 0:
             self.finish_reason = "length"
 
@@ -86,6 +95,17 @@ class SequenceState:
             return room
         return min(room, self.params.max_tokens - len(self.output_token_ids))
 
+    @property
+    def verify_params(self) -> SamplingParams:
+        """The parameters of this round's verification (prompt logprobs only before any output)."""
+        return self.params if not self.output_token_ids else self._later_params
+
+    def note_verify(self, result: VerifyResult) -> None:
+        """Keep a round's logprobs: the prompt's now, the emitted tokens' as ``append`` takes them."""
+        if result.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None, *result.prompt_logprobs]
+        self._pending_logprobs = list(result.logprobs or [])
+
     def append(self, token_id: int) -> str:
         """Append one generated token; return the text that became final (may be empty).
 
@@ -95,6 +115,8 @@ class SequenceState:
         assert not self.finished, "append after finish"
         self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
+        if self.logprobs is not None and self._pending_logprobs:
+            self.logprobs.append(self._pending_logprobs.pop(0))
         if not self.params.ignore_eos and token_id in self.eos_token_ids:
             self.finish_reason, self.stop_reason = "stop", None
         elif token_id in self._stop_ids:

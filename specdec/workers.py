@@ -15,7 +15,7 @@ from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from specdec.rejection import greedy_accept, rejection_sample
 from specdec.runner import ModelRunner, _Sequence
-from specdec.sampling import SamplingParams, process_logits, sample
+from specdec.sampling import SamplingParams, process_logits, sample, token_logprobs
 
 
 @dataclass
@@ -166,6 +166,9 @@ class TargetWorker:
                 check_proposal(call.proposal, runner.logits_vocab_size)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
                 seq.begin_round(len(call.token_ids))
+                if call.params.prompt_logprobs is not None:  # score the whole prompt: feed it all again
+                    seq.cache.truncate(0)
+                    del seq.tokens[:]
                 new = runner.sync(seq, call.token_ids) + call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
                 return call, seq, new
@@ -173,11 +176,13 @@ class TargetWorker:
             results, rows = _per_call(calls, prepare)
             if rows:
                 all_logits = runner.forward_batch(
-                    [r[2] for r in rows], [r[3] for r in rows], [len(r[1].proposal.draft_token_ids) + 1 for r in rows]
-                )
+                    [r[2] for r in rows], [r[3] for r in rows],
+                    [len(r[3]) if r[1].params.prompt_logprobs is not None else len(r[1].proposal.draft_token_ids) + 1
+                     for r in rows])
                 for (i, call, seq, _), logits in zip(rows, all_logits):
                     try:
-                        results[i] = self._accept(call, seq, logits)
+                        k1 = len(call.proposal.draft_token_ids) + 1
+                        results[i] = with_logprobs(self._accept(call, seq, logits[-k1:]), call, logits)
                     except SpecDecError as exc:  # one row's error stays with that row
                         results[i] = exc
         return results
@@ -199,6 +204,21 @@ class TargetWorker:
     def release(self, sequence_id: str) -> None:
         with self.runner.lock:
             self.runner.release(sequence_id)
+
+
+def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor) -> VerifyResult:
+    """Add the logprobs the call asked for, read from the verify pass's rows: ``logits`` [m, vocab] ends
+    with the k + 1 rows after each draft prefix; with prompt logprobs it holds every position (row j
+    predicts token j + 1). Emitted token i (accepted drafts, then bonus/recovered) is scored by row i
+    of the last k + 1: the target's distribution at that position, as target-only decoding has it."""
+    params = call.params
+    if params.logprobs is not None:
+        emitted = result.emitted(call.proposal.draft_token_ids)
+        result.logprobs = token_logprobs(logits[-(len(call.proposal.draft_token_ids) + 1):], emitted, params.logprobs)
+    if params.prompt_logprobs is not None:
+        result.prompt_logprobs = token_logprobs(logits[: len(call.token_ids) - 1], call.token_ids[1:],
+                                                params.prompt_logprobs)
+    return result
 
 
 def truncate_top_n(probs: torch.Tensor, top_n: int | None) -> torch.Tensor:

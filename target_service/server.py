@@ -10,7 +10,7 @@ from specdec.serving.backend_service import BackendServicerMixin, require_ready,
 from specdec.serving.batching import ComputeThread
 from specdec.serving.grpc_errors import map_errors
 from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
-from specdec.serving.wire import probs_from_proto, sampling_from_proto
+from specdec.serving.wire import logprobs_to_proto, optional_field, probs_from_proto, sampling_from_proto
 from specdec.v1 import target_service_pb2, target_service_pb2_grpc
 from specdec.workers import VerifyCall
 from target_service.config import TargetServiceConfig
@@ -28,11 +28,15 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
         tokens = self.backend.history(request.sequence_id, request.start_position, list(request.new_token_ids))
         draft = list(request.draft_token_ids)
         probs = probs_from_proto(request.draft_probs, len(draft), self.backend.lm.vocab_size)
-        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs), sampling_from_proto(request.sampling_params))
+        params = sampling_from_proto(request.sampling_params, logprobs=optional_field(request, "logprobs"),
+                                     prompt_logprobs=optional_field(request, "prompt_logprobs"))
+        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs), params)
         result = self.backend.verify(call, timeout=time_remaining(context), hint=batch_hint_of(context))
         response = target_service_pb2.VerifyResponse(
             num_accepted_tokens=result.num_accepted_tokens,
             sequence_length=len(tokens) + result.num_accepted_tokens,
+            logprobs=logprobs_to_proto(result.logprobs),
+            prompt_logprobs=logprobs_to_proto(result.prompt_logprobs),
         )
         if result.num_accepted_tokens == len(draft):
             response.bonus_token_id = result.next_token_id

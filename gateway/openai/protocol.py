@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.errors import SpecDecError, openai_error_body
-from specdec.sampling import SamplingParams, SpecDecodeStats
+from specdec.sampling import MAX_LOGPROBS, SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
 from specdec.serving.metrics import request_error
 
@@ -45,11 +45,19 @@ class OpenAIRequest(BaseModel):
     num_speculative_tokens: int | None = Field(default=None, ge=0)  # extension: per-request k (0: off)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logprobs: Any = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # extension (vLLM's)
+
+    def num_logprobs(self) -> int | None:
+        """Top logprobs per generated token (None: no logprobs)."""
+        return None
+
+    def num_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
 
     def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-                              max_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos)
+                              max_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos,
+                              logprobs=self.num_logprobs(), prompt_logprobs=self.num_prompt_logprobs())
 
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
@@ -59,6 +67,17 @@ class OpenAIRequest(BaseModel):
 class CompletionRequest(OpenAIRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
+    max_tokens: int | None = Field(default=None, ge=0)  # 0 only with echo: score the prompt
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """echo with logprobs scores the prompt too (as many top logprobs as the output's)."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
 
 class ChatMessage(BaseModel):
@@ -71,6 +90,11 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # -- responses ---------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import jinja2
 from fastapi import Request
 
 from gateway.openai.bridge import deltas, run_to_end, sse
+from gateway.openai.logprobs import LogprobFormatter
 from gateway.openai.protocol import ChatCompletionRequest, ChatMessage, stream_error, usage
 from gateway.openai.serving_engine import OpenAIServing
 from specdec.errors import InvalidRequestError
@@ -28,10 +29,16 @@ class OpenAIServingChat(OpenAIServing):
         if body.stream:
             return sse(self._stream(seqs, k, rid, body))
         await run_to_end(self.gateway, seqs, k, self.request_timeout, request)
-        choices = [{"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": None,
+        fmt = LogprobFormatter(self.gateway.tokenizer)
+        top = body.num_logprobs()
+        choices = [{"index": i, "message": {"role": "assistant", "content": s.text},
+                    "logprobs": fmt.chat(s.logprobs or [], top) if top is not None else None,
                     "finish_reason": s.finish_reason, "stop_reason": s.stop_reason} for i, s in enumerate(seqs)]
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
-                "choices": choices, "usage": usage(seqs, [ids])}
+        response = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
+                    "choices": choices, "usage": usage(seqs, [ids])}
+        if body.prompt_logprobs is not None:  # vLLM's extension, once per response
+            response["prompt_logprobs"] = fmt.prompt_logprobs(seqs[0].prompt_logprobs or [], body.prompt_logprobs)
+        return response
 
     def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
         """The messages (text content only) through the served tokenizer's chat template, with the
@@ -62,18 +69,27 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _stream(self, seqs: list[SequenceState], k: int | None, rid: str, body: ChatCompletionRequest):
         created = int(time.time())
+        fmt = LogprobFormatter(self.gateway.tokenizer)
+        top = body.num_logprobs()
+        prompt_sent = body.prompt_logprobs is None
 
-        def chunk(i: int, delta: dict, finish: str | None) -> dict:
-            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
-                    "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        def chunk(i: int, delta: dict, finish: str | None, logprobs: list | None = None) -> dict:
+            out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
+                   "choices": [{"index": i, "delta": delta, "logprobs": None if logprobs is None or top is None
+                                else fmt.chat(logprobs, top), "finish_reason": finish}]}
+            nonlocal prompt_sent
+            if not prompt_sent and seqs[i].prompt_logprobs is not None:  # vLLM's extension, once
+                prompt_sent = True
+                out["prompt_logprobs"] = fmt.prompt_logprobs(seqs[i].prompt_logprobs, body.prompt_logprobs)
+            return out
 
         for i in range(len(seqs)):
             yield chunk(i, {"role": "assistant", "content": ""}, None)
         try:
             async for i, delta in deltas(self.gateway, seqs, k, self.request_timeout):
-                if delta.text or delta.finished:
+                if delta.text or delta.finished or (top is not None and delta.token_ids):
                     yield chunk(i, {"content": delta.text} if delta.text else {},
-                                seqs[i].finish_reason if delta.finished else None)
+                                seqs[i].finish_reason if delta.finished else None, delta.logprobs)
         except Exception as exc:  # the stream has started: report in-band, OpenAI style
             yield stream_error(exc, self.model_name)
             return

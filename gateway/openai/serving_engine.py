@@ -39,8 +39,8 @@ class OpenAIServing:
             raise InvalidRequestError(f"stop takes at most {MAX_STOP_SEQUENCES} strings of at most {MAX_STOP_LENGTH} "
                                       f"characters each, got {len(stops)} (longest {max(map(len, stops))})",
                                       param="stop")
-        if body.logprobs not in (None, False, 0):
-            raise InvalidRequestError("logprobs are not supported", param="logprobs")
+        if getattr(body, "top_logprobs", None) is not None and not body.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
 
     def new_sequence(self, ids: list[int], params: SamplingParams, index: int) -> SequenceState:
         """Output ``index`` of a request; with n > 1 and a seed, each output gets its own seed."""

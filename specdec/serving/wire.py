@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from specdec import sparse_probs
 from specdec.errors import InvalidRequestError
+from specdec.proposal import TokenLogprob
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
 
@@ -42,3 +43,17 @@ def probs_from_proto(rows: Iterable[common_pb2.TokenDistribution], k: int, vocab
 
 def model_info_to_proto(info: dict) -> common_pb2.ModelInfo:
     return common_pb2.ModelInfo(**info)
+
+
+def logprobs_to_proto(logprobs: Iterable[TokenLogprob] | None) -> list[common_pb2.TokenLogprob]:
+    return [common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_token_ids=[t for t, _ in lp.top],
+                                    top_logprobs=[v for _, v in lp.top]) for lp in logprobs or ()]
+
+
+def logprobs_from_proto(rows: Iterable[common_pb2.TokenLogprob]) -> list[TokenLogprob]:
+    return [TokenLogprob(row.token_id, row.logprob, list(zip(row.top_token_ids, row.top_logprobs))) for row in rows]
+
+
+def optional_field(msg, name: str) -> int | None:
+    """A proto3 ``optional`` scalar: its value, or None when unset."""
+    return getattr(msg, name) if msg.HasField(name) else None

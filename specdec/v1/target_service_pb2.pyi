@@ -8,29 +8,37 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("sequence_id", "start_position", "new_token_ids", "draft_token_ids", "draft_probs", "sampling_params")
+    __slots__ = ("sequence_id", "start_position", "new_token_ids", "draft_token_ids", "draft_probs", "sampling_params", "logprobs", "prompt_logprobs")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     start_position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
     sampling_params: _common_pb2.SamplingParams
-    def __init__(self, sequence_id: _Optional[str] = ..., start_position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    logprobs: int
+    prompt_logprobs: int
+    def __init__(self, sequence_id: _Optional[str] = ..., start_position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("num_accepted_tokens", "bonus_token_id", "recovered_token_id", "sequence_length")
+    __slots__ = ("num_accepted_tokens", "bonus_token_id", "recovered_token_id", "sequence_length", "logprobs", "prompt_logprobs")
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BONUS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     num_accepted_tokens: int
     bonus_token_id: int
     recovered_token_id: int
     sequence_length: int
-    def __init__(self, num_accepted_tokens: _Optional[int] = ..., bonus_token_id: _Optional[int] = ..., recovered_token_id: _Optional[int] = ..., sequence_length: _Optional[int] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, num_accepted_tokens: _Optional[int] = ..., bonus_token_id: _Optional[int] = ..., recovered_token_id: _Optional[int] = ..., sequence_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...

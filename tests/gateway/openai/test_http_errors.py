@@ -86,7 +86,9 @@ COMPLETION_BAD = [
     ({"stop": ["ok", ""]}, "stop"),
     ({"echo": "maybe"}, "echo"),
     ({"stream_options": "usage"}, "stream_options"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": -1}, "logprobs"),
+    ({"extra_body": {"prompt_logprobs": 21}}, "prompt_logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"extra_body": {"top_k": -2}}, "top_k"),
     ({"extra_body": {"num_speculative_tokens": -1}}, "num_speculative_tokens"),
@@ -137,7 +139,9 @@ CHAT_BAD = [
     ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"n": 0}, "n"),
-    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": "yes please"}, "logprobs"),
 ]
 
 
