@@ -15,10 +15,36 @@ from specdec.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
 from specdec.models import LoadedModel, load_model, model_max_len
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
+from specdec.proposal import TokenLogprob
 from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
 from specdec.seeding import output_seed
 
+
+
+@dataclass
+class Logprob:
+    """vLLM's ``Logprob``: the target's raw log-probability of a token, its rank (1 = most likely; None
+    when a chosen token is not among the top ones asked for) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def _logprob_dicts(entries: list[TokenLogprob | None], tokenizer: Any) -> list[dict[int, Logprob] | None]:
+    """Per position ``{token_id: Logprob}``: the chosen token and the position's top ones (vLLM's shape)."""
+    out: list[dict[int, Logprob] | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        ranks = {t: r for r, (t, _) in enumerate(e.top, start=1)}
+        position = {e.token_id: Logprob(e.logprob, ranks.get(e.token_id), tokenizer.decode([e.token_id]))}
+        for rank, (t, v) in enumerate(e.top, start=1):
+            position.setdefault(t, Logprob(v, rank, tokenizer.decode([t])))
+        out.append(position)
+    return out
 
 
 @dataclass
@@ -29,6 +55,7 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: int | str | None = None
     spec_decode_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    logprobs: list[dict[int, Logprob]] | None = None  # SamplingParams(logprobs=N): one dict per token
 
 
 @dataclass
@@ -38,6 +65,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # SamplingParams(prompt_logprobs=N)
 
     @property
     def spec_decode_stats(self) -> SpecDecodeStats:
@@ -202,12 +230,16 @@ class LLM:
             iterator = tqdm(iterator, total=len(prompts), desc="generate")
         for i, ((text, ids), params) in enumerate(iterator):
             outputs = []
+            prompt_logprobs = None
+            tok = self.target.tokenizer
             for j in range(params.n):
                 seq = self.new_sequence(ids, params, index=j)
                 for _ in self.stream(seq):
                     pass
-                outputs.append(
-                    CompletionOutput(j, seq.text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason, seq.stats)
-                )
-            results.append(RequestOutput(str(i), text, ids, outputs))
+                lps = None if seq.logprobs is None else _logprob_dicts(seq.logprobs, tok)
+                outputs.append(CompletionOutput(j, seq.text, list(seq.output_token_ids), seq.finish_reason,
+                                                seq.stop_reason, seq.stats, lps))
+                if seq.prompt_logprobs is not None and prompt_logprobs is None:
+                    prompt_logprobs = _logprob_dicts(seq.prompt_logprobs, tok)
+            results.append(RequestOutput(str(i), text, ids, outputs, prompt_logprobs=prompt_logprobs))
         return results
