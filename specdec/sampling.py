@@ -36,6 +36,17 @@ class SamplingParams:
     # token alone), and of each prompt token (prompt_logprobs = N). None: not computed.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Penalties and biases (OpenAI's and vLLM's semantics; see apply_penalties): presence and frequency
+    # over the generated tokens, repetition over prompt + generated, logit_bias added to the logits,
+    # min_tokens holding EOS and stop_token_ids back until that many tokens were generated.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
+    # Where the prompt ends in the token ids a worker is given: the sequence sets it (not users) when
+    # penalties or min_tokens must tell generated tokens from the prompt's.
+    num_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -73,10 +84,36 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not number(v) or not -2.0 <= v <= 2.0:
+                raise bad(name, f"must be a number in [-2, 2], got {v!r}")
+        if not number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 2.0:
+            raise bad("repetition_penalty", f"must be a number in (0, 2] (1: off), got {self.repetition_penalty!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise bad("logit_bias", "must map token ids to numbers")
+            for t, v in self.logit_bias.items():
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0 or not number(v) or not -100 <= v <= 100:
+                    raise bad("logit_bias", f"must map token ids (>= 0) to numbers in [-100, 100], got {t!r}: {v!r}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0 or (
+                self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise bad("min_tokens", f"must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LOGPROBS):
                 raise bad(name, f"must be an integer in [0, {MAX_LOGPROBS}] (top logprobs per token), got {v!r}")
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether processing reads the sequence's tokens (penalties, min_tokens)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+                or self.min_tokens > 0)
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether anything beyond temperature / top-k / top-p processes the logits."""
+        return self.needs_history or bool(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -96,12 +133,75 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return g
 
 
-def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Turn raw logits ``[..., vocab]`` into the sampling distribution ``[..., vocab]`` (float32).
+@dataclass
+class PenaltyContext:
+    """What history-dependent processing reads, for rows ``[m, vocab]`` of logits: row j follows
+    ``token_ids + drafts[:j]`` (inside a block of drafts, the drafts before a row count as generated,
+    as they would had the target decoded them one by one)."""
 
-    Greedy requests get a one-hot distribution on the argmax, so one code path serves both.
+    token_ids: list[int]  # the sequence before row 0: prompt, then generated tokens
+    num_prompt_tokens: int
+    min_tokens_stop_ids: frozenset[int]  # what min_tokens holds back: EOS (unless ignore_eos) + stop_token_ids
+    drafts: list[int] = field(default_factory=list)
+
+
+def penalty_context(params: SamplingParams, token_ids: list[int], eos_token_ids, drafts: list[int] = ()) -> PenaltyContext | None:
+    """The context for ``apply_penalties`` (None when the params have no penalties or biases)."""
+    if not params.has_penalties:
+        return None
+    if params.needs_history and params.num_prompt_tokens is None:
+        raise InvalidRequestError("num_prompt_tokens (where the prompt ends) is required with penalties or "
+                                  "min_tokens", param="num_prompt_tokens")
+    stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos_token_ids))
+    return PenaltyContext(list(token_ids), params.num_prompt_tokens or 0, stops, list(drafts))
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext | None) -> torch.Tensor:
+    """Raw logits ``[m, vocab]`` (or ``[vocab]``) → penalised logits (a new float32 tensor), in vLLM's
+    order: logit_bias and min_tokens, then repetition (prompt + generated: a positive logit divided by
+    it, a negative one multiplied), frequency (times the token's count among generated tokens) and
+    presence (once if it was generated). Temperature, top-k and top-p come after (process_logits)."""
+    if ctx is None:
+        return logits.float()
+    squeeze = logits.dim() == 1
+    logits = logits.float().reshape(-1, logits.shape[-1]).clone()  # [m, vocab]
+    m, vocab = logits.shape
+    device = logits.device
+    if params.logit_bias:
+        ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long, device=device)
+        vals = torch.tensor([float(v) for t, v in params.logit_bias.items() if t < vocab], device=device)
+        logits[:, ids] += vals
+    generated = [t for t in ctx.token_ids[ctx.num_prompt_tokens:] if t < vocab]
+    if params.min_tokens:
+        stops = torch.tensor(sorted(t for t in ctx.min_tokens_stop_ids if t < vocab), dtype=torch.long, device=device)
+        held = [j for j in range(m) if len(generated) + j < params.min_tokens]
+        if held and stops.numel():
+            logits[torch.tensor(held, device=device)[:, None], stops[None, :]] = float("-inf")
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
+        counts = torch.zeros(m, vocab, device=device)  # [m, vocab] generated-token counts before each row
+        if generated:
+            counts += torch.bincount(torch.tensor(generated, device=device), minlength=vocab)[:vocab].float()
+        for j, t in enumerate(ctx.drafts[: m - 1]):
+            if t < vocab:
+                counts[j + 1:, t] += 1
+        if params.repetition_penalty != 1:
+            seen = counts > 0
+            prompt = [t for t in ctx.token_ids[: ctx.num_prompt_tokens] if t < vocab]
+            if prompt:
+                seen[:, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+            rp = params.repetition_penalty
+            logits = torch.where(seen, torch.where(logits > 0, logits / rp, logits * rp), logits)
+        logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+    return logits[0] if squeeze else logits
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext | None = None) -> torch.Tensor:
+    """Turn raw logits ``[..., vocab]`` into the sampling distribution ``[..., vocab]`` (float32):
+    penalties and biases (``ctx``, see apply_penalties), then temperature, top-k, top-p.
+
+    Greedy requests get a one-hot distribution on the (penalised) argmax, so one code path serves both.
     """
-    logits = logits.float()
+    logits = apply_penalties(logits, params, ctx)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature

@@ -68,6 +68,9 @@ class SequenceState:
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)
+        if self.params.has_penalties and self.params.num_prompt_tokens != len(self.prompt_token_ids):
+            # the workers count generated tokens (penalties, min_tokens) from where the prompt ends
+            self.params = self.params.clone(num_prompt_tokens=len(self.prompt_token_ids))
         self._detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids)
         self._max_stop_len = max((len(s) for s in self.params.stop), default=0)
         self._stop_ids = frozenset(self.params.stop_token_ids)
@@ -131,6 +134,9 @@ class SequenceState:
 
     def _add_text(self, piece: str) -> None:
         if not piece or self.finish_reason == "stop" and isinstance(self.stop_reason, str):
+            return
+        if len(self.output_token_ids) < self.params.min_tokens:  # no stop strings before min_tokens (vLLM)
+            self.text += piece
             return
         search_from = max(0, len(self.text) - self._max_stop_len + 1)
         self.text += piece

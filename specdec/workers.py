@@ -15,7 +15,7 @@ from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from specdec.rejection import greedy_accept, rejection_sample
 from specdec.runner import ModelRunner, _Sequence
-from specdec.sampling import SamplingParams, process_logits, sample, token_logprobs
+from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 
 
 @dataclass
@@ -118,6 +118,9 @@ class DraftWorker:
                     last = row_logits[-1]  # [vocab]
                     if tli is not None and not tli.text_proposals(not probabilistic):
                         last = tli.restrict(last)
+                    if tli is None and call.params.has_penalties:  # as the target will process this position
+                        last = apply_penalties(last, call.params, penalty_context(
+                            call.params, call.token_ids + drafts[j], runner.lm.eos_token_ids))
                     if probabilistic:
                         q = truncate_top_n(process_logits(last, call.params), self.top_n)  # [vocab]
                         drafts[j].append(int(sample(q, seq.generator)))
@@ -190,10 +193,12 @@ class TargetWorker:
     def _accept(self, call: VerifyCall, seq: _Sequence, logits: torch.Tensor) -> VerifyResult:
         """logits: [k + 1, vocab] — the target after each draft prefix."""
         draft = torch.tensor(call.proposal.draft_token_ids, dtype=torch.long, device=logits.device)
+        # penalties: row i follows the history + drafts[:i] (the drafts before it count as generated)
+        ctx = penalty_context(call.params, call.token_ids, self.runner.lm.eos_token_ids, call.proposal.draft_token_ids)
         if call.params.greedy:
-            n, next_token = greedy_accept(draft, logits.argmax(-1))
+            n, next_token = greedy_accept(draft, apply_penalties(logits, call.params, ctx).argmax(-1))
         else:
-            target_probs = process_logits(logits, call.params)  # [k + 1, vocab]
+            target_probs = process_logits(logits, call.params, ctx)  # [k + 1, vocab]
             n, next_token = rejection_sample(draft, call.proposal.draft_probs, target_probs, seq.generator)
         # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
         keep = len(call.token_ids) + n

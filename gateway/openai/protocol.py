@@ -13,7 +13,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from specdec.errors import SpecDecError, openai_error_body
+from specdec.errors import InvalidRequestError as SpecDecInvalid, SpecDecError, openai_error_body
 from specdec.sampling import MAX_LOGPROBS, SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
 from specdec.serving.metrics import request_error
@@ -43,8 +43,12 @@ class OpenAIRequest(BaseModel):
     user: str | None = None
     ignore_eos: bool = False  # extension (vLLM's)
     num_speculative_tokens: int | None = Field(default=None, ge=0)  # extension: per-request k (0: off)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)  # extension (vLLM's)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> [-100, 100]
+    min_tokens: int = Field(default=0, ge=0)  # extension (vLLM's)
+    stop_token_ids: list[int] | None = None  # extension (vLLM's)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # extension (vLLM's)
 
     def num_logprobs(self) -> int | None:
@@ -57,7 +61,20 @@ class OpenAIRequest(BaseModel):
     def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
                               max_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos,
-                              logprobs=self.num_logprobs(), prompt_logprobs=self.num_prompt_logprobs())
+                              logprobs=self.num_logprobs(), prompt_logprobs=self.num_prompt_logprobs(),
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty, logit_bias=self.token_logit_bias(),
+                              min_tokens=self.min_tokens, stop_token_ids=self.stop_token_ids)
+
+    def token_logit_bias(self) -> dict[int, float] | None:
+        """logit_bias with integer token ids (OpenAI sends them as JSON object keys: strings)."""
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(t): float(v) for t, v in self.logit_bias.items()}
+        except ValueError:
+            raise SpecDecInvalid("logit_bias keys must be token ids (integers as strings), got "
+                                 f"{[t for t in self.logit_bias][:5]}", param="logit_bias") from None
 
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""

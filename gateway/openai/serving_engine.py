@@ -24,9 +24,11 @@ class OpenAIServing:
         """Refuse, before any generation starts, what this server does not serve or support."""
         if body.model is not None and body.model != self.model_name:
             raise ModelNotFoundError(f"the model {body.model!r} does not exist; this server serves {self.model_name!r}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(body, name):
-                raise InvalidRequestError(f"{name} is not supported (only 0)", param=name)
+        vocab = self.gateway.target_info.vocab_size
+        bad = [t for t in (body.token_logit_bias() or {}) if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, {vocab})",
+                                      param="logit_bias")
         self.gateway.resolve_k(body.num_speculative_tokens)  # a bad k is a 400 before any stream starts
         max_n = self.gateway.config.max_n
         if body.n > max_n:

@@ -15,12 +15,20 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **extra) -> SamplingPara
     seed = msg.seed if msg.HasField("seed") else None
     if seed is not None and seed >= 2**63:
         raise InvalidRequestError("seed must be below 2**63", param="seed")
+    penalties = {}
+    if msg.HasField("penalties"):
+        pen = msg.penalties
+        penalties = dict(presence_penalty=float(pen.presence_penalty), frequency_penalty=float(pen.frequency_penalty),
+                         repetition_penalty=float(pen.repetition_penalty) if pen.repetition_penalty > 0 else 1.0,
+                         logit_bias={int(t): float(v) for t, v in pen.logit_bias.items()} or None,
+                         min_tokens=int(pen.min_tokens), stop_token_ids=list(pen.stop_token_ids),
+                         ignore_eos=bool(pen.ignore_eos), num_prompt_tokens=int(pen.num_prompt_tokens))
     return SamplingParams(
         temperature=float(msg.temperature),
         top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
         top_k=int(msg.top_k),
         seed=seed,
-        **extra,
+        **{"max_tokens": None, **penalties, **extra},  # the services never count max_tokens: the gateway does
     )
 
 
@@ -28,6 +36,12 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
     if params.seed is not None:
         msg.seed = params.seed
+    if params.has_penalties:
+        msg.penalties.CopyFrom(common_pb2.Penalties(
+            presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias or {},
+            min_tokens=params.min_tokens, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
+            num_prompt_tokens=params.num_prompt_tokens or 0))
     return msg
 
 

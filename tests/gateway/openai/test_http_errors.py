@@ -89,7 +89,15 @@ COMPLETION_BAD = [
     ({"logprobs": 21}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
     ({"extra_body": {"prompt_logprobs": 21}}, "prompt_logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"49152": 1}}, "logit_bias"),
+    ({"extra_body": {"min_tokens": 8}}, "min_tokens"),
+    ({"extra_body": {"min_tokens": -1}}, "min_tokens"),
+    ({"extra_body": {"stop_token_ids": [-1]}}, "stop_token_ids"),
     ({"extra_body": {"top_k": -2}}, "top_k"),
     ({"extra_body": {"num_speculative_tokens": -1}}, "num_speculative_tokens"),
     ({"extra_body": {"num_speculative_tokens": 1000}}, "num_speculative_tokens"),
@@ -115,9 +123,9 @@ def test_streamed_bad_parameter_is_400_before_the_stream(client, model, fields, 
 
 
 def test_frequency_penalty_error_names_frequency_penalty(client, model):
-    """Only frequency_penalty is set, but the error names presence_penalty."""
+    """Only frequency_penalty is out of range, and the error names it (not presence_penalty)."""
     bad_request(lambda: client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=4,
-                                                  frequency_penalty=0.5), "frequency_penalty")
+                                                  frequency_penalty=2.5), "frequency_penalty")
 
 
 def test_top_k_beyond_int32_is_400_not_500(client, model):
