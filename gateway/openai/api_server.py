@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app (FastAPI), and uvicorn serving it in the gateway's process.
 
-Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /ready,
-GET /version, GET /metrics (Prometheus). With API keys, every /v1/ route wants ``Authorization: Bearer <key>``
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize,
+GET /health, GET /ready, GET /version, GET /metrics (Prometheus). With API keys, every /v1/ route (and
+/tokenize, /detokenize) wants ``Authorization: Bearer <key>``
 with one of them (checked in constant time); the other routes stay open. Errors use
 OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: domain errors (and unexpected
 exceptions, as internal errors) from the one table in specdec.errors, request validation as a 400
@@ -25,9 +26,13 @@ from gateway.generation import Gateway
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, domain_error_response, error_response
 from gateway.openai.serving_chat import OpenAIServingChat
 from gateway.openai.serving_completion import OpenAIServingCompletion
+from gateway.openai.serving_tokenization import DetokenizeRequest, OpenAIServingTokenization, TokenizeRequest
 from specdec.errors import AuthenticationError, SpecDecError
 from specdec.serving.auth import MISSING_OR_WRONG, ApiKeys
 from specdec.serving.metrics import CONTENT_TYPE, exposition, request_error
+
+# the routes an API key guards (vLLM leaves /tokenize and /detokenize open; here they are /v1's peers)
+GUARDED = ("/v1/", "/tokenize", "/detokenize")
 
 # the type names pydantic appends to the location of an error in a union field ("stop.str")
 _TYPE_NAME = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
@@ -42,12 +47,13 @@ def create_app(gateway: Gateway, api_key: ApiKeys | str | list[str] | None = Non
     created = int(time.time())
     completion = OpenAIServingCompletion(gateway, model_name, request_timeout)
     chat = OpenAIServingChat(gateway, model_name, request_timeout)
+    tokenization = OpenAIServingTokenization(gateway, model_name, request_timeout)
 
     max_body = gateway.config.max_request_body_bytes
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
-        if not request.url.path.startswith("/v1/"):
+        if not request.url.path.startswith(GUARDED):
             return await call_next(request)
         length = request.headers.get("content-length", "")
         if not keys.check(request.headers.get("authorization")):  # constant time, every key compared
@@ -100,6 +106,14 @@ def create_app(gateway: Gateway, api_key: ApiKeys | str | list[str] | None = Non
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await chat.create_chat_completion(body, request)
 
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return await asyncio.to_thread(tokenization.tokenize, body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        return await asyncio.to_thread(tokenization.detokenize, body)
+
     return app
 
 
@@ -108,8 +122,11 @@ def install_error_handlers(app: FastAPI) -> None:
     errors from the one table, and any other exception as a logged internal error."""
 
     @app.exception_handler(RequestValidationError)
-    async def on_validation_error(_request: Request, exc: RequestValidationError):
+    async def on_validation_error(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        body_error = _body_error(first, request.headers.get("content-type", ""))
+        if body_error:
+            return error_response(400, body_error, "invalid_request_error")
         # drop "body" and the type names pydantic appends for union fields ("stop.str")
         loc = [str(x) for x in first.get("loc", []) if x != "body" and not _TYPE_NAME.match(str(x))]
         param = ".".join(loc) or None
@@ -137,6 +154,23 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TimeoutError)
     async def on_timeout(_request: Request, exc: TimeoutError):
         return domain_error_response(exc)
+
+
+def _body_error(error: dict, content_type: str) -> str | None:
+    """The message for a body that is not a JSON object at all (None: a parameter's error)."""
+    loc = [x for x in error.get("loc", ()) if x != "body"]
+    if error.get("type") == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "JSON decode error")
+        where = f" at character {loc[0]}" if loc and isinstance(loc[0], int) else ""
+        return f"the request body is not valid JSON ({detail}{where}); send a JSON object"
+    if not loc and error.get("type") in ("model_attributes_type", "dict_type", "missing"):
+        if "json" not in content_type.lower():
+            got = content_type.split(";")[0] or "no Content-Type"
+            return f"expected a JSON body with Content-Type: application/json, got {got}"
+        if error.get("type") == "missing":
+            return "the request body is empty; send a JSON object"
+        return "the request body must be a JSON object"
+    return None
 
 
 class HttpServer:

@@ -40,7 +40,7 @@ class OpenAIServingChat(OpenAIServing):
             response["prompt_logprobs"] = fmt.prompt_logprobs(seqs[0].prompt_logprobs or [], body.prompt_logprobs)
         return response
 
-    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+    def chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         """The messages (text content only) through the served tokenizer's chat template, with the
         generation prompt; a template that refuses them is a 400."""
         conversation = []
@@ -60,7 +60,8 @@ class OpenAIServingChat(OpenAIServing):
             raise InvalidRequestError("the served model's tokenizer has no chat template; use /v1/completions",
                                       param="messages")
         try:
-            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
+                                                tokenize=True)
         except jinja2.TemplateError as exc:  # the template's own checks (e.g. roles must alternate)
             raise InvalidRequestError(f"the chat template refused these messages: {exc}", param="messages") from None
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):

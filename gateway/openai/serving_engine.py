@@ -10,6 +10,16 @@ from specdec.seeding import output_seed
 from specdec.sequence import SequenceState
 
 
+# Parameters OpenAI or vLLM define that this server does not implement: set to anything but their
+# "off" value, they are a 400 naming them (rather than silently ignored). Unknown names are ignored.
+UNSUPPORTED = {
+    "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+    "function_call": (None, "none"), "audio": (None,), "prediction": (None,), "modalities": (None, ["text"]),
+    "parallel_tool_calls": (None, True, False), "use_beam_search": (None, False), "min_p": (None, 0, 0.0),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "structured_outputs": (None,), "logits_processors": (None,), "allowed_token_ids": (None,),
+    "bad_words": (None, []), "truncate_prompt_tokens": (None,), "web_search_options": (None,),
+}
 MAX_STOP_SEQUENCES = 16  # OpenAI allows 4; vLLM sets no limit
 MAX_STOP_LENGTH = 1024  # characters of one stop string
 
@@ -29,6 +39,13 @@ class OpenAIServing:
         if bad:
             raise InvalidRequestError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, {vocab})",
                                       param="logit_bias")
+        for name, off in UNSUPPORTED.items():
+            if (body.model_extra or {}).get(name) not in off:
+                raise InvalidRequestError(f"{name} is not supported by this server; leave it unset", param=name)
+        fmt = body.model_extra.get("response_format") if body.model_extra else None
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+            raise InvalidRequestError("response_format: only {\"type\": \"text\"} is supported (no JSON mode or "
+                                      "schemas)", param="response_format")
         self.gateway.resolve_k(body.num_speculative_tokens)  # a bad k is a 400 before any stream starts
         max_n = self.gateway.config.max_n
         if body.n > max_n:
