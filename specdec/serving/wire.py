@@ -22,7 +22,7 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **extra) -> SamplingPara
                          repetition_penalty=float(pen.repetition_penalty) if pen.repetition_penalty > 0 else 1.0,
                          logit_bias={int(t): float(v) for t, v in pen.logit_bias.items()} or None,
                          min_tokens=int(pen.min_tokens), stop_token_ids=list(pen.stop_token_ids),
-                         ignore_eos=bool(pen.ignore_eos), num_prompt_tokens=int(pen.num_prompt_tokens))
+                         ignore_eos=bool(pen.ignore_eos), num_prompt_tokens=optional_field(pen, "num_prompt_tokens"))
     return SamplingParams(
         temperature=float(msg.temperature),
         top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
@@ -41,7 +41,7 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
             presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
             repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias or {},
             min_tokens=params.min_tokens, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
-            num_prompt_tokens=params.num_prompt_tokens or 0))
+            num_prompt_tokens=params.num_prompt_tokens))  # None: unset
     return msg
 
 
