@@ -209,3 +209,17 @@ def test_grpc_generate_returns_logprobs(http_stack, tokenizer, reference):
     for pos, lp in enumerate(responses[0].prompt_logprobs, start=1):
         assert lp.token_id == prompt_ids[pos]
         assert lp.logprob == pytest.approx(float(table[pos - 1, prompt_ids[pos]]), abs=TOL)
+
+
+def test_logprobs_cost_nothing_unless_asked(client, model, monkeypatch):
+    """The target computes logprobs only for requests that ask (the field is unset on the wire otherwise)."""
+    import specdec.workers
+
+    calls = []
+    real = specdec.workers.token_logprobs
+    monkeypatch.setattr(specdec.workers, "token_logprobs", lambda *a: calls.append(a[1]) or real(*a))
+    client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6)
+    assert not calls
+    client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=1)
+    assert sum(len(ids) for ids in calls) == 6
