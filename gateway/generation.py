@@ -154,6 +154,10 @@ class Gateway:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
+        bad = [t for t in params.logit_bias or {} if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, {vocab})",
+                                      param="logit_bias")
         room = self.max_model_len - len(prompt_token_ids)
         if params.max_tokens is not None and params.max_tokens > room:
             raise InvalidRequestError(

@@ -190,3 +190,13 @@ def test_body_that_is_not_json_is_400_saying_so(raw):
     assert "application/json" in err["message"] and "x-www-form-urlencoded" in err["message"]
     err = assert_error_body(raw.post("/v1/chat/completions", json=["not", "an", "object"]), 400)
     assert "JSON object" in err["message"]
+
+
+def test_grpc_logit_bias_outside_the_vocabulary_is_invalid_argument(http_stack, tokenizer):
+    sampling = common_pb2.SamplingParams(temperature=0, penalties=common_pb2.Penalties(logit_bias={10**6: 1.0}))
+    request = gen_pb.GenerateRequest(prompt="hi", max_tokens=2, sampling_params=sampling)
+    with grpc.insecure_channel(f"{HOST}:{http_stack.gateway.port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Generate(request, timeout=30, metadata=[("authorization", f"Bearer {KEY}")]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "logit_bias" in info.value.details()
