@@ -187,6 +187,17 @@ def test_chat_logprobs_and_top_logprobs(http_stack, client, model, tokenizer, re
     plain = client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0)
     assert plain.choices[0].logprobs is None  # only when asked
 
+    # vLLM's prompt_logprobs, once per response (streamed: with the first chunk after the prompt was scored)
+    scored = client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0,
+                                            extra_body={"prompt_logprobs": 0})
+    plp = scored.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == n
+    assert [list(p)[0] for p in plp[1:]] == [str(t) for t in seq.prompt_token_ids[1:]]
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0,
+                                                 stream=True, extra_body={"prompt_logprobs": 0}))
+    carried = [c.model_extra["prompt_logprobs"] for c in chunks if (c.model_extra or {}).get("prompt_logprobs")]
+    assert carried == [plp]
+
 
 def test_grpc_generate_returns_logprobs(http_stack, tokenizer, reference):
     channel = grpc.insecure_channel(f"{HOST}:{http_stack.gateway.port}")
