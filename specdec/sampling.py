@@ -177,21 +177,29 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyCo
         held = [j for j in range(m) if len(generated) + j < params.min_tokens]
         if held and stops.numel():
             logits[torch.tensor(held, device=device)[:, None], stops[None, :]] = float("-inf")
-    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
-        counts = torch.zeros(m, vocab, device=device)  # [m, vocab] generated-token counts before each row
-        if generated:
-            counts += torch.bincount(torch.tensor(generated, device=device), minlength=vocab)[:vocab].float()
-        for j, t in enumerate(ctx.drafts[: m - 1]):
-            if t < vocab:
-                counts[j + 1:, t] += 1
-        if params.repetition_penalty != 1:
-            seen = counts > 0
-            prompt = [t for t in ctx.token_ids[: ctx.num_prompt_tokens] if t < vocab]
-            if prompt:
-                seen[:, torch.tensor(prompt, dtype=torch.long, device=device)] = True
-            rp = params.repetition_penalty
-            logits = torch.where(seen, torch.where(logits > 0, logits / rp, logits * rp), logits)
-        logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+    rp = params.repetition_penalty
+    if params.presence_penalty or params.frequency_penalty or rp != 1:
+        # Only the columns of tokens that occurred are touched: [m, columns], not [m, vocab].
+        drafts = [t for t in ctx.drafts[: m - 1] if t < vocab]
+        prompt = {t for t in ctx.token_ids[: ctx.num_prompt_tokens] if t < vocab} if rp != 1 else set()
+        columns = sorted(set(generated) | set(drafts) | prompt)
+        if columns:
+            where = {t: i for i, t in enumerate(columns)}
+            counts = torch.zeros(m, len(columns), device=device)  # generated-token counts before each row
+            if generated:
+                counts += torch.bincount(torch.tensor([where[t] for t in generated], device=device),
+                                         minlength=len(columns)).float()
+            for j, t in enumerate(ctx.drafts[: m - 1]):
+                if t < vocab:
+                    counts[j + 1:, where[t]] += 1
+            idx = torch.tensor(columns, dtype=torch.long, device=device)
+            sub = logits[:, idx]  # [m, columns]
+            if rp != 1:
+                seen = counts > 0
+                if prompt:
+                    seen[:, torch.tensor([where[t] for t in sorted(prompt)], device=device)] = True
+                sub = torch.where(seen, torch.where(sub > 0, sub / rp, sub * rp), sub)
+            logits[:, idx] = sub - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
     return logits[0] if squeeze else logits
 
 

@@ -57,6 +57,24 @@ def reference_greedy(model, prompt: list[int], p: SamplingParams, n: int, eos_id
     return generated
 
 
+def test_each_row_of_a_block_is_penalised_as_the_target_alone_would():
+    """apply_penalties over k + 1 rows = the reference position by position, with the drafts before each
+    row counted as generated (and the prompt only for repetition)."""
+    from specdec.sampling import apply_penalties
+
+    g = torch.Generator().manual_seed(0)
+    vocab, prompt, generated, drafts = 50, [3, 4, 5, 3], [7, 7, 9], [9, 11, 3]
+    logits = torch.randn(len(drafts) + 1, vocab, generator=g) * 3
+    p = SamplingParams(presence_penalty=0.7, frequency_penalty=-0.4, repetition_penalty=1.6,
+                       logit_bias={11: 2.0, 12: -5.0}, min_tokens=5, stop_token_ids=[13], num_prompt_tokens=4)
+    raw = logits.clone()
+    got = apply_penalties(logits, p, penalty_context(p, prompt + generated, {EOS}, drafts))
+    for j in range(len(drafts) + 1):
+        want = reference_logits(logits[j], prompt, generated + drafts[:j], p, [EOS])
+        assert torch.allclose(got[j].double(), want, atol=1e-5), j
+    assert torch.equal(logits, raw)  # the raw logits (logprobs read them) are untouched
+
+
 # Mixed signs: repeats are encouraged (presence < 0, repetition < 1), then pushed back as counts grow.
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, presence_penalty=-1.0, frequency_penalty=0.5,
                         repetition_penalty=0.8, logit_bias={30459: -100.0, 1000: 2.0}, min_tokens=4)
