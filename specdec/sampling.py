@@ -239,15 +239,21 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> li
     """The raw log-probabilities of ``token_ids`` (one per row of ``logits`` [m, vocab]) and each row's
     ``top_n`` most likely tokens: log_softmax of the model's logits, before any processing (vLLM's
     default ``raw_logprobs``)."""
-    lp = torch.log_softmax(logits[: len(token_ids)].float(), dim=-1)  # [m, vocab]
-    ids = torch.tensor(token_ids, dtype=torch.long, device=lp.device)
-    chosen = lp.gather(-1, ids[:, None]).squeeze(-1).tolist()
-    if top_n:
-        values, idx = lp.topk(min(top_n, lp.shape[-1]), dim=-1)
-        tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), values.tolist())]
-    else:
-        tops = [[] for _ in token_ids]
-    return [TokenLogprob(t, c, top) for t, c, top in zip(token_ids, chosen, tops)]
+    out: list[TokenLogprob] = []
+    for start in range(0, len(token_ids), _LOGPROB_ROWS):  # a long prompt: a few rows at a time
+        ids = token_ids[start: start + _LOGPROB_ROWS]
+        lp = torch.log_softmax(logits[start: start + len(ids)].float(), dim=-1)  # [rows, vocab]
+        chosen = lp.gather(-1, torch.tensor(ids, dtype=torch.long, device=lp.device)[:, None]).squeeze(-1).tolist()
+        if top_n:
+            values, idx = lp.topk(min(top_n, lp.shape[-1]), dim=-1)
+            tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), values.tolist())]
+        else:
+            tops = [[] for _ in ids]
+        out += [TokenLogprob(t, c, top) for t, c, top in zip(ids, chosen, tops)]
+    return out
+
+
+_LOGPROB_ROWS = 256  # rows of log_softmax at a time (a 2k-token prompt x 262k vocabulary would be 2 GB)
 
 
 @dataclass
