@@ -13,9 +13,9 @@ from specdec.sequence import SequenceState
 # Parameters OpenAI or vLLM define that this server does not implement: set to anything but their
 # "off" value, they are a 400 naming them (rather than silently ignored). Unknown names are ignored.
 UNSUPPORTED = {
-    "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"), "audio": (None,), "prediction": (None,), "modalities": (None, ["text"]),
-    "parallel_tool_calls": (None, True, False), "use_beam_search": (None, False), "min_p": (None, 0, 0.0),
+    "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+    "function_call": (None, "none", "auto"), "audio": (None,), "prediction": (None,), "modalities": (None, ["text"]),
+    "use_beam_search": (None, False), "min_p": (None, 0, 0.0),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "structured_outputs": (None,), "logits_processors": (None,), "allowed_token_ids": (None,),
     "bad_words": (None, []), "truncate_prompt_tokens": (None,), "web_search_options": (None,),

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from gateway.openai.protocol import ChatMessage
 from gateway.openai.serving_chat import OpenAIServingChat
 from specdec.errors import InvalidRequestError, ModelNotFoundError
 
@@ -31,7 +32,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-class OpenAIServingTokenization(OpenAIServingChat):
+class OpenAIServingTokenization(OpenAIServingChat):  # the chat template as /v1/chat/completions applies it
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise ModelNotFoundError(f"the model {model!r} does not exist; this server serves {self.model_name!r}")
@@ -43,8 +44,6 @@ class OpenAIServingTokenization(OpenAIServingChat):
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("give either prompt or messages", param="prompt")
         if body.messages is not None:
-            from gateway.openai.protocol import ChatMessage
-
             try:
                 messages = [ChatMessage(**m) for m in body.messages]
             except (TypeError, ValueError) as exc:
