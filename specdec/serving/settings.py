@@ -50,6 +50,21 @@ def _list_converter(item_convert):
     return convert
 
 
+class _BoolAction(argparse.Action):
+    """vLLM's booleans: ``--x`` sets True, ``--no-x`` sets False; neither takes a value. A string default
+    (the environment variable's text) still goes through ``type`` when the command is parsed."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs["nargs"] = 0
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no-"))
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
 class _ListAction(argparse.Action):
     """Each occurrence adds its items; the first one replaces the default (env var or dataclass)."""
 
@@ -115,11 +130,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
         help_text = f.metadata.get("help", "")
         shown = "hidden" if f.metadata.get("secret") and default else repr(default)
         flag = "--" + f.name.replace("_", "-")
-        if tp is bool:  # vLLM's style: --x / --no-x (``--x false`` still works)
-            parser.add_argument(flag, dest=f.name, type=convert, nargs="?", const=True, default=default,
-                                metavar="BOOL", help=f"{help_text} (env {env}; default {shown})".replace("%", "%%"))
-            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
-                                help=f"the opposite of {flag}")
+        if tp is bool:  # vLLM's style: --x / --no-x, never a value after the flag
+            parser.add_argument(flag, "--no-" + f.name.replace("_", "-"), dest=f.name, action=_BoolAction,
+                                type=convert, default=default,
+                                help=f"{help_text} (env {env}; default {shown})".replace("%", "%%"))
             continue
         parser.add_argument(
             flag,

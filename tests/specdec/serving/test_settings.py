@@ -87,8 +87,8 @@ def test_flag_beats_env_var(monkeypatch):
 def test_bool_parsing(monkeypatch, text, value):
     monkeypatch.setenv("SPECDEC_GATEWAY_USE_HETEROGENEOUS_VOCAB", text)
     assert parse(GatewayConfig, GATEWAY_PREFIX).use_heterogeneous_vocab is value
-    monkeypatch.delenv("SPECDEC_GATEWAY_USE_HETEROGENEOUS_VOCAB")
-    assert parse(GatewayConfig, GATEWAY_PREFIX, ["--use-heterogeneous-vocab", text]).use_heterogeneous_vocab is value
+    flag = "--use-heterogeneous-vocab" if value else "--no-use-heterogeneous-vocab"
+    assert parse(GatewayConfig, GATEWAY_PREFIX, [flag]).use_heterogeneous_vocab is value
 
 
 @pytest.mark.parametrize("text", ["none", "None", "null", ""])
@@ -165,7 +165,7 @@ def test_help_survives_a_percent_sign_in_an_env_value(monkeypatch):
 
 
 def test_boolean_flags_take_the_vllm_form():
-    """--x sets a boolean, --no-x clears it, --x false still works, and the env var is the default."""
+    """--x sets a boolean, --no-x clears it, neither takes a value (vLLM), and the env var is the default."""
     import argparse
     import dataclasses
 
@@ -191,7 +191,9 @@ def test_boolean_flags_take_the_vllm_form():
 
     assert parse([]) == Cfg(True, False)
     assert parse(["--no-draft-fallback", "--use-heterogeneous-vocab"]) == Cfg(False, True)
-    assert parse(["--draft-fallback", "false", "--use-heterogeneous-vocab", "true"]) == Cfg(False, True)
+    assert parse(["--no-draft-fallback", "--draft-fallback", "--use-heterogeneous-vocab"]) == Cfg(True, True)
+    with pytest.raises(SystemExit):  # `--x BOOL` is gone: no flag takes a value after it
+        parse(["--draft-fallback", "false"])
     assert parse([], {"SPECDEC_TEST_DRAFT_FALLBACK": "false"}) == Cfg(False, False)
     assert parse(["--draft-fallback"], {"SPECDEC_TEST_DRAFT_FALLBACK": "false"}) == Cfg(True, False)
 
