@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.config import TLI_PROPOSALS
+from specdec.config import DEFAULT_DRAFT, TLI_PROPOSALS
 from specdec.serving.backend_service import BackendServiceConfig
 
 ENV_PREFIX = "SPECDEC_DRAFT"
@@ -12,6 +12,8 @@ ENV_PREFIX = "SPECDEC_DRAFT"
 
 @dataclass
 class DraftServiceConfig(BackendServiceConfig):
+    model: str = field(default=DEFAULT_DRAFT, metadata={"help": "draft model: built-in name, HF folder, .gguf or hub "
+                                                                "id (default: the embedded default pair's draft)"})
     port: int = field(default=50051, metadata={"help": "gRPC port (0: any free port)"})
     draft_sample_method: str = field(default="greedy", metadata={"help": "greedy or probabilistic (default when a request leaves it unspecified)"})
     target_tokenizer: str | None = field(default=None, metadata={"help": "the target's model/tokenizer, for a draft with another vocabulary (Token-Level Intersection): proposals are then in target ids"})

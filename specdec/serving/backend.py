@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from specdec.config import DEFAULT_TARGET
 from specdec.errors import InvalidRequestError, SequenceNotFoundError
 from specdec.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
@@ -29,7 +30,7 @@ NGRAM_MAX_MODEL_LEN = 1 << 20  # an n-gram draft has no context limit of its own
 class BackendConfig:
     """Settings both services share (each service's config carries these fields)."""
 
-    model: str = field(default="smollm2-135m", metadata={"help": "model: built-in name, HF folder, .gguf or hub id"})
+    model: str = field(default=DEFAULT_TARGET, metadata={"help": "model: built-in name, HF folder, .gguf or hub id"})
     revision: str | None = field(default=None, metadata={"help": "hub revision"})
     dtype: str = field(default="auto", metadata={"help": "float32 (auto on CPU) or bfloat16"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
