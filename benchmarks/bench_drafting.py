@@ -17,7 +17,7 @@ prompt, and the whole pass is repeated ``--repeats`` times, so drift on a shared
 alike. A row's time for a prompt is its fastest repeat; the "speedup range" column is the spread of the
 per-repeat speed-ups.
 
-Prompts (``prompts_drafting.json``, written for this benchmark) are user messages sent through the
+Prompts (``specdec/assets/prompts/drafting.json``, written for this benchmark) are user messages sent through the
 target's chat template (SmolLM2-135M is the Instruct model), answers end at EOS or ``--max-tokens``:
   * input-grounded: each prompt holds the text its answer draws on (quote, summarise, answer from a
     given document, edit or refactor given code, extract fields);
@@ -59,7 +59,7 @@ from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from specdec.models import resolve_model_path  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
-PROMPTS_FILE = Path(__file__).resolve().parent / "prompts_drafting.json"
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "specdec" / "assets" / "prompts" / "drafting.json"  # also `specdec bench --dataset mixed`
 SETS = ("input-grounded", "open-ended", "mixed")
 COLUMNS = ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance", "tokens/pass",
            "identical"]
@@ -318,7 +318,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens (default: stop at EOS)")
     ap.add_argument("--prompts-per-set", type=int, default=None, help="the first N prompts of each set")
-    ap.add_argument("--prompts", default=str(PROMPTS_FILE), help="the prompts JSON (default: prompts_drafting.json)")
+    ap.add_argument("--prompts", default=str(PROMPTS_FILE), help="the prompts JSON (default: specdec/assets/prompts/drafting.json)")
     ap.add_argument("--no-chat-template", action="store_true", help="send the messages as plain text")
     ap.add_argument("--repeats", type=int, default=2, help="passes over every prompt and row (default 2)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of each served stack (0: all cores)")

@@ -20,14 +20,8 @@ from pathlib import Path
 
 import torch
 
-PROMPTS = [
-    # prose
-    "The history of the printing press begins",
-    "Photosynthesis is the process by which plants",
-    # code
-    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
-    "import json\n\ndef load_config(path):\n",
-]
+# two prose, two code prompts: kept once, in the package (`specdec bench --dataset short` sends them too)
+PROMPTS = json.loads((Path(__file__).resolve().parents[1] / "specdec/assets/prompts/short.json").read_text())["prompts"]
 SMOKE_PROMPTS = [PROMPTS[0], PROMPTS[2]]  # one prose, one code
 
 

@@ -30,6 +30,9 @@ DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 1
 # (1.10x it in every repeat), no worse on open-ended prompts, 1.33x on input-grounded ones.
 DEFAULT_PAIR_PROMPT_LOOKUP_MAX = 3
 DEFAULT_PAIR_PROMPT_LOOKUP_MIN = 2
+# The OpenAI HTTP port of `specdec serve`, docker-compose and the chart (the gateway alone has none unless
+# --http-port is given), and where `specdec bench` looks by default.
+DEFAULT_HTTP_PORT = 8000
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "draft-service": ("draft_service.__main__", "run the draft service alone"),
     "target-service": ("target_service.__main__", "run the target service alone"),
     "gateway": ("gateway.__main__", "run the gateway alone, against running draft and target services"),
+    "bench": ("specdec.entrypoints.bench", "load a running server's OpenAI API: throughput, TTFT / ITL / e2e "
+                                           "percentiles, acceptance (like vllm bench serve)"),
     "generate": ("specdec.entrypoints.generate", "generate offline with the LLM API (prints text and speculation stats)"),
     "distill": ("specdec.distill", "train a small draft for a target by knowledge distillation"),
 }

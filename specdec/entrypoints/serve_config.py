@@ -25,13 +25,10 @@ from typing import Any
 
 from draft_service.config import DraftServiceConfig
 from gateway.config import GatewayConfig
-from specdec.config import SpeculativeConfig
+from specdec.config import DEFAULT_HTTP_PORT, SpeculativeConfig
 from specdec.serving.backend import BackendConfig
 from target_service.config import TargetServiceConfig
 
-# The OpenAI HTTP port of `specdec serve`, docker-compose and the chart (the gateway alone has none
-# unless --http-port is given).
-DEFAULT_HTTP_PORT = 8000
 LOOPBACK = "127.0.0.1"
 
 # Backend settings both backends take from one flag, and that the draft may set apart (--draft-<name>).
