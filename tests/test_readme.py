@@ -1,0 +1,259 @@
+"""The README's code runs: every fenced ``bash`` / ``sh`` / ``console`` / ``python`` block carries a marker in
+the HTML comment just above it, and the test does what the marker says:
+
+* ``run``: executed. Python clients and ``specdec bench`` run against a tiny served stack this test starts
+  (``localhost:8000`` / ``localhost:50050`` are rewritten to its ports; ``SPECDEC_BENCH_BASE_URL`` points
+  ``specdec bench`` at it); other shell blocks run in an empty folder. ``run slow`` blocks load real
+  models (``-m slow``).
+* ``parse``: not runnable here (installs, long-running servers, a cluster): every command must be one the
+  test knows, and each ``specdec ...`` command line is parsed by the CLI's own parser, the scripts exist
+  and pass ``bash -n``, ``helm install --set`` keys exist in the chart's values.
+* ``fragment``: a Python excerpt, compiled.
+
+A block without a marker, or a command the test does not know, fails: the README cannot drift from the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.requirements import missing
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+LANGS = {"bash", "sh", "console", "python"}
+MARKER = re.compile(r"<!--\s*readme-test:\s*(run|parse|fragment)(\s+slow)?\b(.*?)-->")
+SERVED_AS = "smollm2-135m"  # the model name the README's clients send
+
+
+@dataclass
+class Block:
+    line: int  # 1-based line of the opening fence
+    lang: str
+    kind: str
+    slow: bool
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"README.md:{self.line}-{self.lang}-{self.kind}"
+
+
+def blocks() -> list[Block]:
+    found, lines = [], README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        lang = fence.group(1)
+        if lang in LANGS:
+            above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            m = MARKER.search(above)
+            assert m, f"README.md:{i + 1}: a ```{lang} block without a <!-- readme-test: run|parse|fragment --> marker"
+            found.append(Block(i + 1, lang, m.group(1), bool(m.group(2)), "\n".join(lines[i + 1:end]) + "\n"))
+        i = end + 1
+    return found
+
+
+BLOCKS = blocks()
+
+
+def _param(block: Block):
+    return pytest.param(block, id=block.id, marks=[pytest.mark.slow] if block.slow else [])
+
+
+def _of(kind: str, slow: bool | None = None) -> list:
+    return [_param(b) for b in BLOCKS if b.kind == kind and (slow is None or b.slow == slow)]
+
+
+# -- the shape of the README ----------------------------------------------------------------------
+
+
+def commands(code: str) -> list[list[str]]:
+    """The shell commands of a block: continuation lines joined, comments dropped, split at ``&&``,
+    leading ``VAR=value`` assignments removed. A ``console`` block's commands are its ``$ `` lines."""
+    text = code.replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            line = line[2:]
+        argv = shlex.split(line, comments=True)
+        while argv:
+            cut = argv.index("&&") if "&&" in argv else len(argv)
+            cmd = argv[:cut]
+            while cmd and re.match(r"^[A-Z_][A-Z0-9_]*=", cmd[0]):
+                cmd = cmd[1:]
+            if cmd:
+                out.append(cmd)
+            argv = argv[cut + 1:]
+    return out
+
+
+def test_the_two_setup_commands_come_first():
+    first = BLOCKS[0]
+    assert [" ".join(c) for c in commands(first.code)] == ["bash scripts/serve.sh", "bash scripts/test.sh"]
+    assert "CI=1 bash scripts/test.sh" in first.code
+    serve_sh = (ROOT / "scripts/serve.sh").read_text()
+    assert "bash scripts/install.sh" in serve_sh and 'exec specdec serve "$@"' in serve_sh
+    assert "bash scripts/install.sh" in (ROOT / "scripts/test.sh").read_text()
+    text = README.read_text()
+    assert "python3 -m venv" in text and "scripts/install.sh" in text
+
+
+def test_every_block_is_tested():
+    assert BLOCKS and {b.kind for b in BLOCKS} == {"run", "parse", "fragment"}
+    assert not [b.id for b in BLOCKS if b.lang == "python" and b.kind == "parse"], "python blocks run or compile"
+    assert "path/to/" not in README.read_text(), "a placeholder path: use the shipped models"
+
+
+# -- parse: the commands are ones the CLI takes ---------------------------------------------------
+
+
+def _check_specdec(argv: list[str], monkeypatch) -> None:
+    from specdec.entrypoints import cli
+
+    for name in [n for n in os.environ if n.startswith("SPECDEC_")]:
+        monkeypatch.delenv(name)
+    parser = cli.build_parser()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:
+            pytest.fail(f"`specdec {shlex.join(argv)}` does not parse: {err.getvalue().strip() or exc}")
+    assert getattr(args, "command", None), argv
+
+
+def _check_helm_set(key: str) -> None:
+    node = yaml.safe_load((ROOT / "helm/specdec/values.yaml").read_text())
+    for name in key.split("=", 1)[0].split("."):
+        assert isinstance(node, dict) and name in node, f"helm --set {key}: no such value in values.yaml"
+        node = node[name]
+
+
+def check_command(cmd: list[str], monkeypatch) -> None:
+    head = cmd[0]
+    if head == "specdec":
+        _check_specdec(cmd[1:], monkeypatch)
+    elif head == "bash" and cmd[1].startswith("scripts/"):
+        script = ROOT / cmd[1]
+        assert script.is_file(), cmd
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    elif cmd[:3] == ["python3", "-m", "venv"] or head in (".", "source"):
+        pass  # making and entering a virtual environment
+    elif cmd[:2] == ["docker", "build"]:
+        assert (ROOT / "Dockerfile").is_file() and cmd[-1] == "."
+    elif cmd[:2] == ["docker", "push"] or cmd[:2] == ["helm", "test"] or head == "kubectl":
+        pass  # a registry, a cluster
+    elif cmd[:2] == ["helm", "install"]:
+        assert (ROOT / cmd[3]).is_dir(), cmd
+        for flag, value in zip(cmd, cmd[1:]):
+            if flag == "--set":
+                _check_helm_set(value)
+    else:
+        pytest.fail(f"the README runs `{shlex.join(cmd)}`, which this test does not know how to check")
+
+
+@pytest.mark.parametrize("block", _of("parse"))
+def test_parse_blocks(block: Block, monkeypatch):
+    assert block.lang != "python"
+    cmds = commands(block.code)
+    assert cmds, block.id
+    for cmd in cmds:
+        check_command(cmd, monkeypatch)
+
+
+@pytest.mark.parametrize("block", _of("fragment"))
+def test_fragments_compile(block: Block):
+    compile(block.code, block.id, "exec")
+
+
+# -- run: against a tiny served stack, or offline ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(target_dir, good_draft_dir):
+    from tests.gateway.openai.http_helpers import serve
+
+    s = serve(target_dir, good_draft_dir, api_key=None, k=2, served_model_name=SERVED_AS)
+    yield s
+    s.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def shell_env(tmp_path_factory):
+    """PATH with `specdec` and `python` of this checkout (not whatever `specdec` is installed)."""
+    bin_dir = tmp_path_factory.mktemp("bin")
+    for name, line in (("specdec", f'exec "{sys.executable}" -m specdec.entrypoints.cli "$@"'),
+                       ("python", f'exec "{sys.executable}" "$@"')):
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{line}\n")
+        path.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    return env
+
+
+def _needs_server(block: Block) -> bool:
+    return any(s in block.code for s in ("localhost:8000", "localhost:50050", "specdec bench"))
+
+
+def _rewrite(code: str, stack) -> str:
+    return (code.replace("localhost:8000", f"127.0.0.1:{stack.gateway.http_port}")
+            .replace("localhost:50050", f"127.0.0.1:{stack.gateway.port}"))
+
+
+@pytest.mark.parametrize("block", _of("run", slow=False))
+def test_run_blocks(block: Block, request, tmp_path, shell_env, monkeypatch):
+    stack = request.getfixturevalue("stack") if _needs_server(block) else None
+    if block.lang == "python":
+        code = _rewrite(block.code, stack) if stack else block.code
+        monkeypatch.chdir(tmp_path)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, block.id, "exec"), {"__name__": "__readme__"})
+        assert out.getvalue().strip(), f"{block.id} printed nothing"
+        return
+    if "openssl" in block.code and shutil.which("openssl") is None:
+        missing("openssl is not installed: apt-get install openssl")
+    env = dict(shell_env)
+    if stack is not None:
+        env["SPECDEC_BENCH_BASE_URL"] = f"http://127.0.0.1:{stack.gateway.http_port}"
+        env["SPECDEC_BENCH_PROGRESS"] = "false"
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{block.id} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    if "specdec bench" in block.code:
+        assert "Output token throughput" in result.stdout and "Acceptance rate" in result.stdout
+        rate = result.stdout.strip().splitlines()[-1].split()
+        assert float(rate[0]) > 0 and 0 <= float(rate[1]) <= 1, result.stdout
+    if "openssl" in block.code:
+        made = {p.name for p in tmp_path.iterdir()}
+        assert {"ca.pem", "client.pem", "client.key", *(f"{n}.{e}" for n in ("target", "draft", "gateway")
+                                                        for e in ("pem", "key"))} <= made, made
+
+
+@pytest.mark.parametrize("block", _of("run", slow=True))
+def test_run_slow_blocks(block: Block, tmp_path, shell_env):
+    """The offline snippets, on the real models (each in a process of its own)."""
+    assert block.lang == "python" and not _needs_server(block)
+    result = subprocess.run([sys.executable, "-c", block.code], cwd=tmp_path, env=shell_env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, f"{block.id} failed:\n{result.stderr[-4000:]}"
+    assert result.stdout.strip() or "print(" not in block.code, block.id
