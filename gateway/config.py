@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.config import DEFAULT_NUM_SPECULATIVE_TOKENS
+from specdec.config import spec_default
 from specdec.serving.tls import server_tls_field
 
 ENV_PREFIX = "SPECDEC_GATEWAY"
@@ -27,9 +27,9 @@ class GatewayConfig:
                                                                      "(blank lines and '#' comments ignored)"})
     served_model_name: str | None = field(default=None, metadata={"help": "model id of /v1/models (default: the target's name)"})
     request_timeout_seconds: float | None = field(default=None, metadata={"help": "deadline of an HTTP request (none: no limit)"})
-    num_speculative_tokens: int = field(default=DEFAULT_NUM_SPECULATIVE_TOKENS, metadata={"help": "k, drafts per round"})
-    draft_sample_method: str = field(default="greedy", metadata={"help": "greedy or probabilistic"})
-    use_heterogeneous_vocab: bool = field(default=False, metadata={"help": "allow a draft with another tokenizer (TLI)"})
+    num_speculative_tokens: int = field(default=spec_default("num_speculative_tokens"), metadata={"help": "k, drafts per round"})
+    draft_sample_method: str = field(default=spec_default("draft_sample_method"), metadata={"help": "greedy or probabilistic"})
+    use_heterogeneous_vocab: bool = field(default=spec_default("use_heterogeneous_vocab"), metadata={"help": "allow a draft with another tokenizer (TLI)"})
     max_model_len: int | None = field(default=None, metadata={"help": "cap on prompt + output tokens (default: the backends')"})
     tokenizer: str | None = field(default=None, metadata={"help": "target tokenizer (default: the target's model name)"})
     backend_timeout_seconds: float = field(default=60.0, metadata={"help": "how long a backend call may retry an unavailable service"})

@@ -126,6 +126,11 @@ class SpeculativeConfig:
             raise ConfigError("prompt_lookup_min needs prompt_lookup_max (or \"method\": \"ngram\")")
 
 
+def spec_default(key: str) -> Any:
+    """The default of a ``speculative_config`` key: the parts' settings of the same name take it from here."""
+    return SpeculativeConfig.__dataclass_fields__[key].default
+
+
 def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draft_name: str, cfg: SpeculativeConfig) -> bool:
     """Same tokenizer (False), or a heterogeneous vocabulary explicitly requested (True: use TLI)."""
     if target_fp == draft_fp:

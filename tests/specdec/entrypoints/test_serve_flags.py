@@ -164,3 +164,14 @@ def test_no_flag_of_any_command_takes_a_boolean_value():
             if any(s.startswith("--no-") for s in action.option_strings):
                 assert action.nargs == 0, (name, action.option_strings)
             assert action.metavar != "BOOL", (name, action.option_strings)
+
+
+def test_parts_take_the_speculative_config_defaults():
+    """A part's setting that a speculative_config key sets defaults to that key's default (one definition)."""
+    spec_defaults = SpeculativeConfig.__dataclass_fields__
+    for role, keys in SPEC_KEYS.items():
+        default = PARTS[role]()
+        for name, key in keys.items():
+            if name in ("model", "target_tokenizer", "max_model_len", "revision"):
+                continue  # the model names are the default pair's; the rest: "the model's" / none on both sides
+            assert getattr(default, name) == spec_defaults[key].default, (role, name)
