@@ -223,7 +223,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if endpoint not in ("completions", "chat"):
         raise SystemExit(f"specdec bench: --endpoint must be completions or chat, got {endpoint!r}")
     client = Client(cfg.base_url, cfg.api_key, cfg.timeout_seconds)
-    model = cfg.model or json.loads(client.get("/v1/models"))["data"][0]["id"]
+    try:
+        model = cfg.model or json.loads(client.get("/v1/models"))["data"][0]["id"]
+    except (OSError, RuntimeError, http.client.HTTPException, KeyError, IndexError, ValueError) as exc:
+        raise SystemExit(f"specdec bench: cannot list the models of {cfg.base_url} ({type(exc).__name__}: {exc}); "
+                         "is the server up (--base-url), and the key right (--api-key)?") from None
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
 
     def payload(prompt: str) -> dict:

@@ -65,6 +65,16 @@ def test_bench_chat_dataset_and_a_wrong_key(stack, capsys):
     assert out["failed"] == 1 and "HTTP 401" in out["errors"][0]
 
 
+def test_bench_says_when_no_server_answers():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there once closed
+    with pytest.raises(SystemExit, match="cannot list the models of .* is the server up"):
+        cli.main(["bench", "--base-url", f"http://127.0.0.1:{port}", "--no-progress"])
+
+
 def test_percentiles_and_counters():
     p = bench.percentiles([0.001 * i for i in range(1, 101)])
     assert p["p50"] == pytest.approx(50.5) and p["p99"] == pytest.approx(99.01) and p["mean"] == pytest.approx(50.5)
