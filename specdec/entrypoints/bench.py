@@ -46,7 +46,10 @@ class BenchConfig:
     base_url: str = field(default=f"http://localhost:{DEFAULT_HTTP_PORT}", metadata={
         "help": "the server (`specdec serve` / `specdec gateway --http-port`)"})
     endpoint: str | None = field(default=None, metadata={
-        "help": "completions or chat (default: the dataset's: chat for the drafting sets, else completions)"})
+        "help": "completions, chat (the OpenAI API at --base-url) or grpc (GenerationService at --grpc-addr; "
+                "prompts sent as they are) (default: the dataset's: chat for the drafting sets, else completions)"})
+    grpc_addr: str | None = field(default=None, metadata={
+        "help": "the gateway's gRPC host:port for --endpoint grpc (default: --base-url's host, port 50050)"})
     model: str | None = field(default=None, metadata={"help": "model id (default: the first of /v1/models)"})
     api_key: str | None = field(default=None, metadata={"help": "sent as 'Authorization: Bearer KEY'",
                                                          "secret": True})
@@ -220,9 +223,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise SystemExit("specdec bench: --num-prompts, --max-tokens, --request-rate and --concurrency must be > 0")
     prompts, endpoint = load_dataset(cfg.dataset)
     endpoint = cfg.endpoint or endpoint
-    if endpoint not in ("completions", "chat"):
-        raise SystemExit(f"specdec bench: --endpoint must be completions or chat, got {endpoint!r}")
+    if endpoint not in ("completions", "chat", "grpc"):
+        raise SystemExit(f"specdec bench: --endpoint must be completions, chat or grpc, got {endpoint!r}")
     client = Client(cfg.base_url, cfg.api_key, cfg.timeout_seconds)
+    if endpoint == "grpc":
+        return _run_grpc(cfg, client, prompts)
     try:
         model = cfg.model or json.loads(client.get("/v1/models"))["data"][0]["id"]
     except (OSError, RuntimeError, http.client.HTTPException, KeyError, IndexError, ValueError) as exc:
@@ -236,6 +241,28 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         if endpoint == "chat":
             return {**body, "messages": [{"role": "user", "content": prompt}]}
         return {**body, "prompt": prompt}
+
+    return _load(cfg, client, model, endpoint, prompts, lambda prompt: client.stream(path, payload(prompt)))
+
+
+def _run_grpc(cfg: BenchConfig, client: Client, prompts: list[str]) -> dict[str, Any]:
+    from gateway.config import GatewayConfig
+    from specdec.entrypoints.bench_grpc import GrpcClient
+
+    rpc = GrpcClient(cfg.grpc_addr or f"{client.host}:{GatewayConfig().port}", cfg.api_key, cfg.timeout_seconds)
+    try:
+        try:
+            model = cfg.model or rpc.model()
+        except Exception as exc:  # grpc.RpcError
+            raise SystemExit(f"specdec bench: the gateway's gRPC port does not answer ({exc})") from None
+        return _load(cfg, client, model, "grpc", prompts,
+                     lambda prompt: rpc.stream(prompt, cfg.max_tokens, cfg.temperature, cfg.ignore_eos))
+    finally:
+        rpc.close()
+
+
+def _load(cfg: BenchConfig, client: Client, model: str, endpoint: str, prompts: list[str], send) -> dict[str, Any]:
+    """Send ``cfg.num_prompts`` requests (``send(prompt) -> RequestResult``) on the arrival schedule."""
 
     def scrape() -> dict[str, float] | None:
         try:
@@ -251,7 +278,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     def one(prompt: str) -> None:
         try:
-            result = client.stream(path, payload(prompt))
+            result = send(prompt)
         finally:
             if limit is not None:
                 limit.release()

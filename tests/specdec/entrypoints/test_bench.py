@@ -65,6 +65,15 @@ def test_bench_chat_dataset_and_a_wrong_key(stack, capsys):
     assert out["failed"] == 1 and "HTTP 401" in out["errors"][0]
 
 
+def test_bench_over_grpc(stack, capsys):
+    out = json.loads(_bench(capsys, stack, "--endpoint", "grpc", "--grpc-addr", f"127.0.0.1:{stack.gateway.port}",
+                            "--num-prompts", "4", "--max-tokens", "6", "--ignore-eos", "--concurrency", "2",
+                            "--no-metrics", "--json"))
+    assert (out["completed"], out["total_output_tokens"], out["config"]["endpoint"]) == (4, 24, "grpc")
+    assert out["ttft_ms"]["p50"] > 0 and out["spec_decode"]["source"] == "usage"
+    assert out["spec_decode"]["num_draft_tokens"] > 0
+
+
 def test_bench_says_when_no_server_answers():
     import socket
 
