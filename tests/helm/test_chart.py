@@ -92,7 +92,7 @@ CASES = {
                         {"gateway": {"apiKey": {"value": API_KEY}},
                          "speculativeConfig": {"max_model_len": 4096, "revision": "v1",
                                                "draft_sample_method": "probabilistic",
-                                               "tli_proposals": "intersection"},
+                                               "tli_proposals": "intersection", "adaptive_k": True},
                          "networkPolicy": {"gatewayFrom": [{"namespaceSelector": {"matchLabels": {
                              "kubernetes.io/metadata.name": "apps"}}}]}}),
 }
@@ -405,6 +405,7 @@ def test_the_cli_reads_the_containers_settings(case, monkeypatch):
     assert gateway.num_speculative_tokens == spec["num_speculative_tokens"]
     assert gateway.draft_sample_method == draft.draft_sample_method == spec["draft_sample_method"]
     assert gateway.use_heterogeneous_vocab is spec["use_heterogeneous_vocab"]
+    assert gateway.adaptive_k is spec["adaptive_k"]
     assert draft.target_tokenizer == (target.model if spec["use_heterogeneous_vocab"] else None)
     assert draft.tli_proposals == spec["tli_proposals"]
     assert draft.revision == spec["revision"]
