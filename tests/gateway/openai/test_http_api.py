@@ -22,41 +22,12 @@ from tests.gateway.openai.http_helpers import (
     check_usage,
     openai_client,
     raw_client,
-    serve,
     sse_events,
     stream_texts,
     wait_released,
 )
 
 N = 16  # tokens per generation (short: 2 CPU cores)
-
-
-@pytest.fixture(scope="module")
-def http_stack(target_dir, good_draft_dir):
-    stack = serve(target_dir, good_draft_dir)
-    try:
-        yield stack
-    finally:
-        stack.stop(0)
-
-
-@pytest.fixture(scope="module")
-def model(target_dir) -> str:
-    return str(target_dir)  # served_model_name defaults to the target path given
-
-
-@pytest.fixture(scope="module")
-def client(http_stack):
-    c = openai_client(http_stack)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def raw(http_stack):
-    c = raw_client(http_stack)
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")

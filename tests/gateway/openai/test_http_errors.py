@@ -10,8 +10,6 @@ from tests.gateway.openai.http_helpers import (
     PROMPTS,
     assert_error_body,
     openai_client,
-    raw_client,
-    serve,
     wait_released,
 )
 
@@ -20,29 +18,8 @@ VOCAB_SIZE = 49152
 
 
 @pytest.fixture(scope="module")
-def http_stack(target_dir, good_draft_dir):
-    stack = serve(target_dir, good_draft_dir)
-    try:
-        yield stack
-    finally:
-        stack.stop(0)
-
-
-@pytest.fixture(scope="module")
-def model(target_dir) -> str:
-    return str(target_dir)
-
-
-@pytest.fixture(scope="module")
 def client(http_stack):
     c = openai_client(http_stack, timeout=20)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def raw(http_stack):
-    c = raw_client(http_stack, timeout=20)
     yield c
     c.close()
 

@@ -12,8 +12,7 @@ import pytest
 
 from specdec import SamplingParams
 from specdec.v1 import common_pb2, generation_service_pb2 as gen_pb, generation_service_pb2_grpc
-from tests.gateway.openai.http_helpers import (HOST, KEY, PROMPTS, Recorder, assert_error_body, check_usage,
-                                               openai_client, raw_client, serve)
+from tests.gateway.openai.http_helpers import (HOST, KEY, PROMPTS, Recorder, assert_error_body, check_usage, raw_client)
 from tests.specdec.test_penalties import reference_greedy
 
 N = 20
@@ -22,34 +21,6 @@ PENALTIES = {"presence_penalty": -1.0, "frequency_penalty": 0.5, "logit_bias": {
 EXTRA = {"repetition_penalty": 0.8, "min_tokens": 4, "ignore_eos": True}
 REF_PARAMS = SamplingParams(temperature=0, presence_penalty=-1.0, frequency_penalty=0.5, repetition_penalty=0.8,
                             logit_bias={30459: -100.0, 1000: 2.0}, min_tokens=4, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def http_stack(target_dir, good_draft_dir):
-    stack = serve(target_dir, good_draft_dir)
-    try:
-        yield stack
-    finally:
-        stack.stop(0)
-
-
-@pytest.fixture(scope="module")
-def model(target_dir) -> str:
-    return str(target_dir)
-
-
-@pytest.fixture(scope="module")
-def client(http_stack):
-    c = openai_client(http_stack)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def raw(http_stack):
-    c = raw_client(http_stack)
-    yield c
-    c.close()
 
 
 def _recorded(http_stack, call):

@@ -12,31 +12,10 @@ import pytest
 import torch
 
 from specdec.v1 import common_pb2, generation_service_pb2 as gen_pb, generation_service_pb2_grpc
-from tests.gateway.openai.http_helpers import HOST, KEY, PROMPTS, Recorder, check_usage, openai_client, serve
+from tests.gateway.openai.http_helpers import HOST, KEY, PROMPTS, Recorder, check_usage
 
 N = 12
 TOL = 2e-4  # float32 over the wire; batched vs single-row forward round differently
-
-
-@pytest.fixture(scope="module")
-def http_stack(target_dir, good_draft_dir):
-    stack = serve(target_dir, good_draft_dir)
-    try:
-        yield stack
-    finally:
-        stack.stop(0)
-
-
-@pytest.fixture(scope="module")
-def model(target_dir) -> str:
-    return str(target_dir)
-
-
-@pytest.fixture(scope="module")
-def client(http_stack):
-    c = openai_client(http_stack)
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")
