@@ -184,6 +184,8 @@ class RoundScheduler:
                 except BaseException as exc:  # noqa: BLE001 - handed to its own sequence
                     return exc
 
+        if len(calls) == 1:  # a lone call runs here: no hand-off to a pool thread
+            return [run(calls[0])]
         return list(self._pool.map(run, calls))
 
     def close(self) -> None:
