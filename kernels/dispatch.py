@@ -71,6 +71,15 @@ def accept_batch_fn(backend: str) -> Callable:
     return accept_batch
 
 
+def tli_fns(backend: str) -> tuple[Callable, Callable]:
+    """(scatter_ids, mask_ids) of ``backend``: the TLI mapping (see ``kernels/tli.py``)."""
+    if backend == "triton":
+        from kernels.tli import mask_ids, scatter_ids
+    else:
+        from specdec.tli.vocab_mapping import mask_ids, scatter_ids
+    return scatter_ids, mask_ids
+
+
 def accept_batch(batch, backend: str = "torch"):
     """Accept a ragged batch with ``backend`` (see ``resolve``)."""
     return accept_batch_fn(backend)(batch)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from specdec.errors import InvalidRequestError, SpecDecError
+from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from kernels.dispatch import accept_batch, resolve
 from specdec.rejection import RaggedBatch
@@ -157,7 +157,10 @@ class TargetWorker:
 
     def __init__(self, runner: ModelRunner, kernels: str | None = None):
         self.runner = runner
-        self.kernels = resolve(kernels, runner.lm.device)  # "triton" | "torch"
+        try:
+            self.kernels = resolve(kernels, runner.lm.device)  # "triton" | "torch"
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
         (result,) = self.verify_batch([VerifyCall(sequence_id, token_ids, proposal, params)])

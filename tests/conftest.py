@@ -275,7 +275,7 @@ def cached_model_loading():
     from specdec.models import load_model, parse_dtype
 
     def cached_load_model(name, dtype=None, device="cpu", revision=None):
-        key = (str(name), parse_dtype(dtype), str(device), revision)
+        key = (str(name), parse_dtype(dtype, device), str(device), revision)
         if key not in _LOADED:
             _LOADED[key] = load_model(name, dtype=dtype, device=device, revision=revision)
         return _LOADED[key]

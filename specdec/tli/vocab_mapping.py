@@ -478,13 +478,7 @@ class VocabMapping:
 
         ``V`` may differ from the tokenizer's size (padded embeddings): ids beyond the tokenizer are masked.
         """
-        v = logits.shape[-1]
-        mask = self._on("draft_mask", logits.device)
-        if v <= mask.numel():
-            keep = mask[:v]
-        else:
-            keep = torch.cat([mask, torch.zeros(v - mask.numel(), dtype=torch.bool, device=logits.device)])
-        return logits.masked_fill(~keep, float("-inf"))
+        return mask_ids(logits, self._on("draft_mask", logits.device), float("-inf"))
 
     def draft_logits_to_target(self, logits: torch.Tensor, target_vocab_size: int | None = None) -> torch.Tensor:
         """Scatter draft logits ``[..., V_draft]`` into target id space ``[..., target_vocab_size]``.
@@ -503,9 +497,7 @@ class VocabMapping:
             raise ValueError(
                 f"target_vocab_size {size} is smaller than the largest mapped target id {int(t_ids.max())}"
             )
-        out = logits.new_full((*logits.shape[:-1], size), float("-inf"))
-        out[..., t_ids] = logits[..., d_ids]
-        return out
+        return scatter_ids(logits, d_ids, t_ids, size, float("-inf"))
 
     def draft_ids_to_target(self, ids: torch.Tensor | Sequence[int], strict: bool = True) -> torch.Tensor:
         """Map draft ids to target ids. ``strict``: raise ``ValueError`` for an id outside the intersection
@@ -649,6 +641,25 @@ def check_useful(mapping: VocabMapping, min_share: float = 0.05, min_size: int =
             "draft model whose tokenizer is closer to the target's, or lower min_share/min_size."
         )
     return mapping
+
+
+def scatter_ids(src: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor, size: int, fill: float) -> torch.Tensor:
+    """src [..., V_src] → [..., size]: ``out[..., dst_ids] = src[..., src_ids]``, every other id ``fill``
+    (the torch reference of ``kernels.tli.scatter_ids``)."""
+    out = src.new_full((*src.shape[:-1], size), fill)
+    out[..., dst_ids] = src[..., src_ids]
+    return out
+
+
+def mask_ids(x: torch.Tensor, keep: torch.Tensor, fill: float) -> torch.Tensor:
+    """x [..., V] with every id v where ``keep[v]`` is False (or v >= len(keep)) set to ``fill`` (the torch
+    reference of ``kernels.tli.mask_ids``)."""
+    v = x.shape[-1]
+    if v <= keep.numel():
+        keep = keep[:v]
+    else:
+        keep = torch.cat([keep, torch.zeros(v - keep.numel(), dtype=torch.bool, device=x.device)])
+    return x.masked_fill(~keep.bool(), fill)
 
 
 def encode_ids_to_bytes(table: Sequence[bytes | None], ids: Iterable[int]) -> bytes:

@@ -19,6 +19,12 @@ KERNELS = [
       "noise_ptr": "*fp32", "n_stride": "i64", "noise_row_ptr": "*i64", "out_ptr": "*i64", "batch": "i32",
       "vocab": "i32", "HAS_Q": "constexpr", "BLOCK": "constexpr"},
      {"HAS_Q": True, "BLOCK": 4096}),
+    ("kernels.tli", "_scatter_kernel",
+     {"src_ptr": "*fp32", "src_stride": "i64", "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64", "out_ptr": "*fp32",
+      "out_stride": "i64", "n_pairs": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    ("kernels.tli", "_mask_kernel",
+     {"x_ptr": "*fp32", "keep_ptr": "*i8", "out_ptr": "*fp32", "stride": "i64", "vocab": "i32", "n_keep": "i32",
+      "fill": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
 ]
 
 
