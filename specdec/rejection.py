@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.sparse_probs import to_device
+
 
 def greedy_accept(draft_token_ids: torch.Tensor, target_argmax: torch.Tensor) -> tuple[int, int]:
     """draft_token_ids: [k]; target_argmax: [k + 1] — the target's argmax after each prefix."""
@@ -167,7 +169,7 @@ class RaggedBatch:
             cu_num_draft_tokens=parts[1],
             target=torch.cat([t.to(device, torch.float32) for t in targets]) if len(targets) > 1
             else targets[0].to(device, torch.float32),
-            draft_probs=torch.cat([q.to(device, torch.float32) for q in qs]) if qs else None,
+            draft_probs=to_device(torch.cat([q.to(torch.float32) for q in qs]), device) if qs else None,
             q_start=parts[2],
             greedy=parts[5].to(torch.int32),
             uniforms=torch.cat(uniforms) if uniforms else torch.empty(0, device=device),

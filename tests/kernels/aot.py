@@ -25,6 +25,9 @@ KERNELS = [
     ("kernels.tli", "_mask_kernel",
      {"x_ptr": "*fp32", "keep_ptr": "*i8", "out_ptr": "*fp32", "stride": "i64", "vocab": "i32", "n_keep": "i32",
       "fill": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    ("kernels.logits", "_temperature_softmax_kernel",
+     {"x_ptr": "*fp32", "t_ptr": "*fp32", "out_ptr": "*fp32", "stride": "i64", "vocab": "i32", "BLOCK": "constexpr"},
+     {"BLOCK": 4096}),
 ]
 
 
