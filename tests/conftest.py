@@ -347,6 +347,16 @@ def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.cuda`` tests skip on a machine without a CUDA GPU (scripts/gpu-check.sh runs them)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu-check.sh runs these)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_report_header(config):
     return f"specdec tests: torch threads={torch.get_num_threads()} (SPECDEC_TEST_THREADS)"
 
