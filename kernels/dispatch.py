@@ -76,7 +76,7 @@ def tli_fns(backend: str) -> tuple[Callable, Callable]:
     if backend == "triton":
         from kernels.tli import mask_ids, scatter_ids
     else:
-        from specdec.tli.vocab_mapping import mask_ids, scatter_ids
+        from specdec.tli.id_maps import mask_ids, scatter_ids
     return scatter_ids, mask_ids
 
 

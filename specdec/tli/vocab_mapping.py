@@ -42,6 +42,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from specdec.tli.id_maps import mask_ids, scatter_ids
+
 from specdec.errors import ConfigError
 from specdec.models import cache_root, tokenizer_fingerprint
 
@@ -641,25 +643,6 @@ def check_useful(mapping: VocabMapping, min_share: float = 0.05, min_size: int =
             "draft model whose tokenizer is closer to the target's, or lower min_share/min_size."
         )
     return mapping
-
-
-def scatter_ids(src: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor, size: int, fill: float) -> torch.Tensor:
-    """src [..., V_src] → [..., size]: ``out[..., dst_ids] = src[..., src_ids]``, every other id ``fill``
-    (the torch reference of ``kernels.tli.scatter_ids``)."""
-    out = src.new_full((*src.shape[:-1], size), fill)
-    out[..., dst_ids] = src[..., src_ids]
-    return out
-
-
-def mask_ids(x: torch.Tensor, keep: torch.Tensor, fill: float) -> torch.Tensor:
-    """x [..., V] with every id v where ``keep[v]`` is False (or v >= len(keep)) set to ``fill`` (the torch
-    reference of ``kernels.tli.mask_ids``)."""
-    v = x.shape[-1]
-    if v <= keep.numel():
-        keep = keep[:v]
-    else:
-        keep = torch.cat([keep, torch.zeros(v - keep.numel(), dtype=torch.bool, device=x.device)])
-    return x.masked_fill(~keep.bool(), fill)
 
 
 def encode_ids_to_bytes(table: Sequence[bytes | None], ids: Iterable[int]) -> bytes:

@@ -7,7 +7,7 @@ import torch
 
 from kernels.tli import mask_ids as triton_mask
 from kernels.tli import scatter_ids as triton_scatter
-from specdec.tli.vocab_mapping import mask_ids, scatter_ids
+from specdec.tli.id_maps import mask_ids, scatter_ids
 from tests.kernels.conftest import DEVICE
 
 
