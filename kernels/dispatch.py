@@ -62,12 +62,16 @@ def use_interpreter() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-def accept_batch_fn(backend: str) -> Callable:
-    """``accept_batch(batch: specdec.rejection.RaggedBatch) -> [2, batch] int64`` of ``backend``."""
+def accept_batch_fn(backend: str, device) -> Callable:
+    """``accept_batch(batch: specdec.rejection.RaggedBatch) -> [2, batch] int64`` of ``backend`` on ``device``:
+    the Triton kernels, or torch: vectorised without host syncs on a GPU, row by row on a CPU (faster there;
+    the same decisions)."""
     if backend == "triton":
         from kernels.rejection import accept_batch
-    else:
+    elif str(device).startswith("cuda"):
         from specdec.rejection import accept_batch
+    else:
+        from specdec.rejection import accept_rows as accept_batch
     return accept_batch
 
 
@@ -82,4 +86,4 @@ def tli_fns(backend: str) -> tuple[Callable, Callable]:
 
 def accept_batch(batch, backend: str = "torch"):
     """Accept a ragged batch with ``backend`` (see ``resolve``)."""
-    return accept_batch_fn(backend)(batch)
+    return accept_batch_fn(backend, batch.target.device)(batch)

@@ -57,9 +57,16 @@ def rejection_sample(
     are drawn as the module docstring says; ``accept_batch`` makes the same decisions for many rows.
     """
     k, vocab = draft_token_ids.shape[0], target_probs.shape[-1]
+    u, noise = draw_row(k, vocab, generator, target_probs.device)  # [k], [vocab]
+    return accept_row(draft_token_ids, draft_probs, target_probs, u, noise)
+
+
+def accept_row(draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+               u: torch.Tensor, noise: torch.Tensor) -> tuple[int, int]:
+    """``rejection_sample`` with the row's random numbers already drawn (u [k], noise [vocab])."""
+    k = draft_token_ids.shape[0]
     device = target_probs.device
     draft_token_ids = draft_token_ids.to(device)
-    u, noise = draw_row(k, vocab, generator, device)  # [k], [vocab]
     rows = torch.arange(k, device=device)
     p_x = target_probs[rows, draft_token_ids]  # [k]
     if draft_probs is not None:
@@ -114,6 +121,7 @@ class RaggedBatch:
     noise_row: torch.Tensor  # [batch] int64: row i's noise is noise[noise_row[i]]; -1 for greedy rows
     greedy_positions: torch.Tensor  # [num_greedy_positions] int64: the target rows whose argmax greedy rows use
     num_draft_tokens: list[int]
+    noise_row_list: list[int]
     is_greedy: list[bool]
     has_q: list[bool]
     generators: list  # per row, for tests' per-row rules (tests/broken_samplers.py)
@@ -177,6 +185,7 @@ class RaggedBatch:
             noise_row=parts[3],
             greedy_positions=parts[4],
             num_draft_tokens=ks,
+            noise_row_list=noise_row,
             is_greedy=list(greedy),
             has_q=[s >= 0 for s in q_start],
             generators=list(generators),
@@ -194,6 +203,22 @@ class RaggedBatch:
             start = sum(kk for kk, hq in zip(self.num_draft_tokens[:i], self.has_q[:i]) if hq)
             q = self.draft_probs[start:start + k]
         return draft, q, self.target[cu[i] + i: cu[i + 1] + i + 1]
+
+
+def accept_rows(batch: RaggedBatch) -> torch.Tensor:
+    """The same decisions as ``accept_batch``, row by row (``greedy_accept`` / ``accept_row``): fewer, bigger
+    tensor operations, which is faster on a CPU, where a host sync costs nothing → [2, batch] int64."""
+    out = []
+    for i in range(batch.batch_size):
+        draft, q, target = batch.row(i)
+        if batch.is_greedy[i]:
+            out.append(greedy_accept(draft, target.argmax(-1)))
+        else:
+            k = batch.num_draft_tokens[i]
+            start = sum(batch.num_draft_tokens[:i])
+            u = batch.uniforms[start:start + k]
+            out.append(accept_row(draft, q, target, u, batch.noise[batch.noise_row_list[i]]))
+    return torch.tensor(out, dtype=torch.long).reshape(-1, 2).T
 
 
 def accept_batch(batch: RaggedBatch) -> torch.Tensor:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels.rejection import accept_batch as triton_accept
-from specdec.rejection import RaggedBatch, accept_batch, greedy_accept, rejection_sample
+from specdec.rejection import RaggedBatch, accept_batch, accept_rows, greedy_accept, rejection_sample
 from tests.kernels.conftest import DEVICE
 
 
@@ -60,7 +60,7 @@ def test_greedy_rows_bit_exact(vocab):
     batch, (drafts, targets, _, _) = _batch(vocab, KS, ["greedy"] * len(KS), seed=vocab, gen_seed=0)
     ref = accept_batch(batch)
     got = triton_accept(batch)
-    assert got.tolist() == ref.tolist()
+    assert got.tolist() == ref.tolist() == accept_rows(batch).tolist()
     rows = [greedy_accept(torch.tensor(d, dtype=torch.long, device=DEVICE), t.argmax(-1)) for d, t in zip(drafts, targets)]
     assert [tuple(x) for x in ref.T.tolist()] == rows
     n = ref[0].tolist()
@@ -80,6 +80,7 @@ def test_ragged_mixed_rows_identical_decisions(vocab, seeds):
         ref = accept_batch(batch)
         got = triton_accept(batch)
         assert got.tolist() == ref.tolist(), f"seed {seed}"
+        assert accept_rows(batch).tolist() == ref.tolist(), f"seed {seed}"  # the CPU's torch path
         for i, (d, t, q, gr) in enumerate(zip(drafts, targets, qs, greedy)):
             d = torch.tensor(d, dtype=torch.long, device=DEVICE)
             if gr:
@@ -96,7 +97,7 @@ def test_ragged_mixed_rows_identical_decisions(vocab, seeds):
 def test_vocabulary_of_262144():
     """Gemma-3's vocabulary: tiled, one sampled row (q) and one greedy row, plus a one-hot row."""
     batch, _ = _batch(262_144, [3, 2, 1], ["q", "greedy", "one-hot"], seed=7, gen_seed=7)
-    assert triton_accept(batch).tolist() == accept_batch(batch).tolist()
+    assert triton_accept(batch).tolist() == accept_batch(batch).tolist() == accept_rows(batch).tolist()
 
 
 def test_identical_p_and_q_accepts_all_and_bonus_agrees():
