@@ -97,7 +97,10 @@ class LLM:
         speculative_model: str | None = None,
         num_speculative_tokens: int | None = None,
         draft_dtype: str | None = None,
+        kernels: str | None = None,
     ):
+        """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
+        "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto)."""
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)
@@ -108,7 +111,7 @@ class LLM:
         self._rng = random.Random(seed)
         self.draft: LoadedModel | None = None
         self._draft_worker: DraftWorker | None = None
-        self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target"))
+        self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target"), kernels=kernels)
         cfg = self.speculative_config
         if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
             if cfg.max_model_len is not None:
@@ -130,7 +133,7 @@ class LLM:
                 from specdec.tli.adapter import TLIAdapter
 
                 tli = TLIAdapter(self.draft.tokenizer, self.target.tokenizer, self.target.vocab_size,
-                                 proposals=cfg.tli_proposals)
+                                 proposals=cfg.tli_proposals, kernels=kernels)
             # With TLI the draft keeps its own logits; the adapter maps proposals to target ids.
             draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
                                        logits_vocab_size=None if tli else self.target.vocab_size)

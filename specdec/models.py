@@ -83,12 +83,12 @@ DTYPES = {
 }
 
 
-def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
-    """``None``/``"auto"`` means float32 on CPU (exact) — bf16 is opt-in."""
+def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "cpu") -> torch.dtype:
+    """``None``/``"auto"`` means float32 on CPU (exact; bf16 is opt-in there) and bfloat16 on CUDA."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":
-        return torch.float32
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     try:
         return DTYPES[str(dtype).lower()]
     except KeyError:
@@ -362,7 +362,7 @@ def load_model(
 ) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = parse_dtype(dtype)
+    torch_dtype = parse_dtype(dtype, device)
     path, kwargs = resolve_model_path(name, revision)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     with model_construction():

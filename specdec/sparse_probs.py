@@ -19,6 +19,7 @@ def to_rows(probs: torch.Tensor | None) -> list[Row]:
     """[k, vocab] → k rows, each sparse when that is smaller."""
     if probs is None:
         return []
+    probs = to_host(probs)  # one device -> host copy, not one per row
     out: list[Row] = []
     for row in probs:
         nz = row.nonzero().squeeze(-1)
@@ -27,6 +28,25 @@ def to_rows(probs: torch.Tensor | None) -> list[Row]:
         else:
             out.append(([], row.tolist()))
     return out
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A CUDA tensor copied to the host through pinned memory in one transfer; a CPU tensor as it is."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()
+    return host
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor (off the wire) onto ``device``, through pinned memory when that is a GPU."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def from_rows(rows: Iterable[Row], k: int, vocab_size: int) -> torch.Tensor | None:

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from specdec.errors import InvalidRequestError, SpecDecError
+from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
-from specdec.rejection import greedy_accept, rejection_sample
+from kernels.dispatch import accept_batch, resolve
+from specdec.rejection import RaggedBatch
 from specdec.runner import ModelRunner, _Sequence
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 
@@ -150,10 +151,16 @@ class DraftWorker:
 
 class TargetWorker:
     """Scores each sequence's drafts and bonus position in ONE forward pass (one pass for the whole
-    batch of sequences), accepts, and rolls the rejected tail back by moving the cache pointer."""
+    batch of sequences), accepts the whole batch in one ``accept_batch`` call (Triton or torch, see
+    ``kernels.dispatch``; one host transfer of the results), and rolls each rejected tail back by
+    moving its cache pointer."""
 
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, kernels: str | None = None):
         self.runner = runner
+        try:
+            self.kernels = resolve(kernels, runner.lm.device)  # "triton" | "torch"
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
         (result,) = self.verify_batch([VerifyCall(sequence_id, token_ids, proposal, params)])
@@ -182,29 +189,38 @@ class TargetWorker:
                     [r[2] for r in rows], [r[3] for r in rows],
                     [len(r[3]) if r[1].params.prompt_logprobs is not None else len(r[1].proposal.draft_token_ids) + 1
                      for r in rows])
-                for (i, call, seq, _), logits in zip(rows, all_logits):
+                try:  # the last k + 1 rows of each: the target after each draft prefix
+                    accepted = self._accept([r[1] for r in rows], [r[2] for r in rows],
+                                            [lg[-(len(r[1].proposal.draft_token_ids) + 1):] for r, lg in zip(rows, all_logits)])
+                except SpecDecError as exc:  # the batch's rows share the error (none is expected here)
+                    for i, *_ in rows:
+                        results[i] = exc
+                    return results
+                for (i, call, seq, _), logits, (n, next_token) in zip(rows, all_logits, accepted):
+                    # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
+                    keep = len(call.token_ids) + n
+                    seq.cache.truncate(keep)
+                    del seq.tokens[keep:]
                     try:
-                        k1 = len(call.proposal.draft_token_ids) + 1
-                        results[i] = with_logprobs(self._accept(call, seq, logits[-k1:]), call, logits)
+                        results[i] = with_logprobs(VerifyResult(n, next_token), call, logits)
                     except SpecDecError as exc:  # one row's error stays with that row
                         results[i] = exc
         return results
 
-    def _accept(self, call: VerifyCall, seq: _Sequence, logits: torch.Tensor) -> VerifyResult:
-        """logits: [k + 1, vocab] — the target after each draft prefix."""
-        draft = torch.tensor(call.proposal.draft_token_ids, dtype=torch.long, device=logits.device)
-        # penalties: row i follows the history + drafts[:i] (the drafts before it count as generated)
-        ctx = penalty_context(call.params, call.token_ids, self.runner.lm.eos_token_ids, call.proposal.draft_token_ids)
-        if call.params.greedy:
-            n, next_token = greedy_accept(draft, apply_penalties(logits, call.params, ctx).argmax(-1))
-        else:
-            target_probs = process_logits(logits, call.params, ctx)  # [k + 1, vocab]
-            n, next_token = rejection_sample(draft, call.proposal.draft_probs, target_probs, seq.generator)
-        # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
-        keep = len(call.token_ids) + n
-        seq.cache.truncate(keep)
-        del seq.tokens[keep:]
-        return VerifyResult(n, next_token)
+    def _accept(self, calls: list[VerifyCall], seqs: list[_Sequence], logits: list[torch.Tensor]) -> list[tuple[int, int]]:
+        """logits: per call [k + 1, vocab] — the target after each draft prefix. → (accepted, next token) per call."""
+        greedy = [c.params.greedy for c in calls]
+        targets = []
+        for lg, c in zip(logits, calls):
+            # penalties: row i follows the history + drafts[:i] (the drafts before it count as generated)
+            ctx = penalty_context(c.params, c.token_ids, self.runner.lm.eos_token_ids, c.proposal.draft_token_ids)
+            # greedy rows need only the argmax: their (penalised) logits go in; sampled rows go in as p (processed)
+            targets.append(apply_penalties(lg, c.params, ctx) if c.params.greedy else process_logits(lg, c.params, ctx))
+        batch = RaggedBatch.build([c.proposal.draft_token_ids for c in calls], targets,
+                                  [c.proposal.draft_probs for c in calls], greedy, [s.generator for s in seqs],
+                                  logits[0].device)
+        num_accepted, next_tokens = accept_batch(batch, self.kernels).tolist()  # the round's one host sync
+        return list(zip(num_accepted, next_tokens))
 
     def release(self, sequence_id: str) -> None:
         with self.runner.lock:

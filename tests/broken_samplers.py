@@ -1,9 +1,32 @@
 """Deliberately broken acceptance rules (drop-in replacements for ``specdec.rejection.rejection_sample``):
-negative controls that the statistical losslessness tests must reject."""
+negative controls that the statistical losslessness tests must reject.
+
+The target worker accepts a whole batch in one ``specdec.workers.accept_batch`` call; ``rowwise(rule)`` turns
+a one-row rule into that call's replacement: ``monkeypatch.setattr(specdec.workers, "accept_batch",
+rowwise(recover_from_p))``."""
 
 from __future__ import annotations
 
 import torch
+
+
+def rowwise(rule):
+    """A drop-in for ``specdec.workers.accept_batch`` that runs ``rule(draft, q, p, generator)`` on each
+    sampled row of the batch (greedy rows keep the real greedy rule)."""
+    from specdec.rejection import greedy_accept
+
+    def accept_batch(batch, backend="torch"):
+        out = []
+        for i in range(batch.batch_size):
+            draft, q, target = batch.row(i)
+            if batch.is_greedy[i]:
+                out.append(greedy_accept(draft, target.argmax(-1)))
+            else:
+                out.append(rule(draft, q, target, batch.generators[i]))
+        return torch.tensor(out, dtype=torch.long).reshape(-1, 2).T
+
+    accept_batch.__name__ = rule.__name__
+    return accept_batch
 
 
 def accept_always(draft_token_ids, draft_probs, target_probs, generator):

@@ -275,7 +275,7 @@ def cached_model_loading():
     from specdec.models import load_model, parse_dtype
 
     def cached_load_model(name, dtype=None, device="cpu", revision=None):
-        key = (str(name), parse_dtype(dtype), str(device), revision)
+        key = (str(name), parse_dtype(dtype, device), str(device), revision)
         if key not in _LOADED:
             _LOADED[key] = load_model(name, dtype=dtype, device=device, revision=revision)
         return _LOADED[key]
@@ -345,6 +345,16 @@ def pki(tmp_path_factory):
 
     require_package("cryptography", "pip install cryptography (the test extra)")
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.cuda`` tests skip on a machine without a CUDA GPU (scripts/gpu-check.sh runs them)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu-check.sh runs these)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_report_header(config):

@@ -32,8 +32,11 @@ class BackendConfig:
 
     model: str = field(default=DEFAULT_TARGET, metadata={"help": "model: built-in name, HF folder, .gguf or hub id"})
     revision: str | None = field(default=None, metadata={"help": "hub revision"})
-    dtype: str = field(default="auto", metadata={"help": "float32 (auto on CPU) or bfloat16"})
-    device: str = field(default="cpu", metadata={"help": "torch device"})
+    dtype: str = field(default="auto", metadata={"help": "float32 or bfloat16 (auto: bfloat16 on CUDA, float32 on CPU)"})
+    device: str = field(default="cpu", metadata={"help": "torch device: cpu, cuda or cuda:N"})
+    kernels: str | None = field(default=None, metadata={
+        "help": "verification kernels: auto (Triton on CUDA, torch on CPU), triton (on a CPU: Triton's interpreter, "
+                "for testing) or torch (default: $SPECDEC_KERNELS, else auto)"})
     max_model_len: int | None = field(default=None, metadata={"help": "max tokens per sequence (default: the model's)"})
     max_sequences: int = field(default=256, metadata={"help": "cap on cached sequences (RESOURCE_EXHAUSTED past it)"})
     sequence_ttl_seconds: float = field(default=600.0, metadata={"help": "idle sequences are evicted after this"})
@@ -101,7 +104,7 @@ class Backend:
                 self.worker = HybridDraftWorker(self.worker, *self.lookup)
             run = self.worker.propose_batch
         else:
-            self.worker = TargetWorker(self.runner)
+            self.worker = TargetWorker(self.runner, kernels=cfg.kernels)
             run = self.worker.verify_batch
         self._start(run)
 
@@ -146,7 +149,7 @@ class Backend:
             return None
         # Target ids can be as large as the target tokenizer (its padded logits are never needed here).
         return TLIAdapter(self.lm.tokenizer, target_tok, max(len(target_tok), target_tok.vocab_size),
-                          proposals=self.tli_proposals)
+                          proposals=self.tli_proposals, kernels=self.config.kernels)
 
     def _warmup(self) -> None:
         sid = f"__warmup_{self.role}__"

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from kernels.dispatch import kernels_mode, resolve, tli_fns
 from specdec.config import TLI_PROPOSALS
 from specdec.errors import ConfigError
 from specdec.tli.draft_context import DraftContext
@@ -30,10 +31,12 @@ logger = logging.getLogger(__name__)
 
 class TLIAdapter:
     def __init__(self, draft_tokenizer: Any, target_tokenizer: Any, target_vocab_size: int,
-                 mapping: VocabMapping | None = None, proposals: str = "text"):
+                 mapping: VocabMapping | None = None, proposals: str = "text", kernels: str | None = None):
         if proposals not in TLI_PROPOSALS:
             raise ConfigError(f"tli_proposals must be one of {list(TLI_PROPOSALS)}, got {proposals!r}")
         self.proposals = proposals
+        self.kernels = kernels_mode(kernels)  # the mapping's scatter and mask: Triton or torch per device
+        self._pairs: dict = {}  # (device, q width) -> (draft ids, target ids) of the intersection
         self.draft_tokenizer = draft_tokenizer
         self.target_tokenizer = target_tokenizer
         self.target_vocab_size = target_vocab_size
@@ -88,18 +91,26 @@ class TLIAdapter:
         state["target_ids"] = list(target_ids)
         return ctx.ids
 
+    def _fns(self, device: torch.device):
+        return tli_fns(resolve(self.kernels, device))
+
     def restrict(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_draft] with non-intersection tokens at -inf."""
-        return self.mapping.restrict_draft_logits(logits)
+        _, mask_ids = self._fns(logits.device)
+        return mask_ids(logits, self.mapping._on("draft_mask", logits.device), float("-inf"))
 
     def to_target(self, draft_id: int) -> int:
         return int(self._d2t[draft_id])
 
     def q_to_target(self, q: torch.Tensor) -> torch.Tensor:
         """q over draft ids [V_draft] (zero outside the intersection) → the same q over target ids."""
-        out = q.new_zeros(self.target_vocab_size)
-        ids = self.mapping._on("draft_ids", q.device)
-        tids = self.mapping._on("target_ids", q.device)
-        keep = ids < q.shape[-1]
-        out[tids[keep]] = q[ids[keep]]
-        return out
+        key = (q.device, q.shape[-1])
+        pairs = self._pairs.get(key)
+        if pairs is None:  # once per device and width: no host sync per call
+            ids = self.mapping._on("draft_ids", q.device)
+            tids = self.mapping._on("target_ids", q.device)
+            keep = ids < q.shape[-1]  # a q narrower than the mapping's draft vocabulary
+            pairs = self._pairs[key] = (ids[keep], tids[keep])
+        ids, tids = pairs
+        scatter_ids, _ = self._fns(q.device)
+        return scatter_ids(q, ids, tids, self.target_vocab_size, 0.0)

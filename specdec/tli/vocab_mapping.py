@@ -42,6 +42,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from specdec.tli.id_maps import mask_ids, scatter_ids
+
 from specdec.errors import ConfigError
 from specdec.models import cache_root, tokenizer_fingerprint
 
@@ -478,13 +480,7 @@ class VocabMapping:
 
         ``V`` may differ from the tokenizer's size (padded embeddings): ids beyond the tokenizer are masked.
         """
-        v = logits.shape[-1]
-        mask = self._on("draft_mask", logits.device)
-        if v <= mask.numel():
-            keep = mask[:v]
-        else:
-            keep = torch.cat([mask, torch.zeros(v - mask.numel(), dtype=torch.bool, device=logits.device)])
-        return logits.masked_fill(~keep, float("-inf"))
+        return mask_ids(logits, self._on("draft_mask", logits.device), float("-inf"))
 
     def draft_logits_to_target(self, logits: torch.Tensor, target_vocab_size: int | None = None) -> torch.Tensor:
         """Scatter draft logits ``[..., V_draft]`` into target id space ``[..., target_vocab_size]``.
@@ -503,9 +499,7 @@ class VocabMapping:
             raise ValueError(
                 f"target_vocab_size {size} is smaller than the largest mapped target id {int(t_ids.max())}"
             )
-        out = logits.new_full((*logits.shape[:-1], size), float("-inf"))
-        out[..., t_ids] = logits[..., d_ids]
-        return out
+        return scatter_ids(logits, d_ids, t_ids, size, float("-inf"))
 
     def draft_ids_to_target(self, ids: torch.Tensor | Sequence[int], strict: bool = True) -> torch.Tensor:
         """Map draft ids to target ids. ``strict``: raise ``ValueError`` for an id outside the intersection

@@ -309,3 +309,19 @@ def test_smoke_drafting(tmp_path):
         assert isinstance(goal["met"], bool) and goal["setup"] in DRAFTING_SETUPS, name
         assert f"goal {name}: " in stdout
     assert isinstance(data["hybrid_vs_model_draft_mixed"]["hybrid_beats_model_draft"], bool)
+
+
+# --------------------------------------------------------------------------------------------------
+# bench_kernels.py: Triton vs torch verification per batch (Triton's interpreter under --smoke on a CPU)
+
+KERNELS = Expected(
+    "bench_kernels.py", ["case", "draw ms", "torch ms", "triton ms", "speedup", "per-row ms", "identical"], "case",
+    ["B=1 k=1 V=1000", "B=1 k=2 V=1000", "B=3 k=1 V=1000", "B=3 k=2 V=1000", "softmax B=1 V=1000",
+     "softmax B=3 V=1000"],
+    {"device", "interpreter", "gpu", "min_speedup_batch_ge_8"}, numeric=["torch ms", "triton ms"])
+
+
+def test_smoke_kernels(tmp_path):
+    stdout, data = run_smoke(KERNELS, tmp_path)
+    check(KERNELS, stdout, data)
+    assert all(r["identical"] is True for r in data["rows"]), data["rows"]  # Triton made torch's decisions

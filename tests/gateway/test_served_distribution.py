@@ -63,7 +63,8 @@ import torch
 import specdec.workers
 from specdec.sampling import SamplingParams, process_logits
 from specdec.v1 import generation_service_pb2_grpc
-from tests.broken_samplers import accepted_off_by_one, bonus_from_q, recover_from_p, truncate_top_n_unnormalised
+from tests.broken_samplers import (accepted_off_by_one, bonus_from_q, recover_from_p, rowwise,
+                                   truncate_top_n_unnormalised)
 from tests.services_conftest_helpers import HOST, RPC_TIMEOUT, collect, generate_request
 
 ALPHA = 1e-3  # the real sampler must keep p >= ALPHA; a broken one must fall below it
@@ -260,9 +261,9 @@ def test_word_pair_joint_follows_target(word_stubs, word_pair, chi2_pvalue, meth
 
 NEGATIVE_CONTROLS = [
     pytest.param("truncate_top_n", truncate_top_n_unnormalised, "probabilistic", id="a-q-not-renormalised-after-top-n"),
-    pytest.param("rejection_sample", bonus_from_q, "probabilistic", id="b-bonus-from-q"),
-    pytest.param("rejection_sample", accepted_off_by_one, "greedy", id="c-accepted-off-by-one"),
-    pytest.param("rejection_sample", recover_from_p, "greedy", id="d-recovered-from-p"),
+    pytest.param("accept_batch", rowwise(bonus_from_q), "probabilistic", id="b-bonus-from-q"),
+    pytest.param("accept_batch", rowwise(accepted_off_by_one), "greedy", id="c-accepted-off-by-one"),
+    pytest.param("accept_batch", rowwise(recover_from_p), "greedy", id="d-recovered-from-p"),
 ]
 
 

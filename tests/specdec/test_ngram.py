@@ -15,7 +15,7 @@ from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.ngram import NgramIndex, NgramStore, NgramWorker
 from specdec.sampling import process_logits
-from tests.broken_samplers import accept_always
+from tests.broken_samplers import accept_always, rowwise
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")
 
@@ -120,7 +120,7 @@ def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_di
     counts = Counter(first_tokens(600))
     observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
     assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) > 1e-3
-    monkeypatch.setattr(specdec.workers, "rejection_sample", accept_always)
+    monkeypatch.setattr(specdec.workers, "accept_batch", rowwise(accept_always))
     counts = Counter(first_tokens(600))
     observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
     assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) < 1e-3

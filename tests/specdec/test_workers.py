@@ -23,7 +23,7 @@ from specdec.errors import InvalidRequestError, ResourceExhaustedError, Sequence
 from specdec.models import load_model
 from specdec.sampling import process_logits
 from specdec.sequence import SequenceState
-from tests.broken_samplers import accept_always
+from tests.broken_samplers import accept_always, rowwise
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")
 
@@ -216,7 +216,7 @@ def test_negative_control_lossy_verifier_is_detected(
     monkeypatch, target_dir, bad_draft_dir, target_model, tokenizer, spec, chi2_pvalue
 ):
     """The same statistical check rejects a verifier that accepts every draft."""
-    monkeypatch.setattr(workers, "rejection_sample", accept_always)
+    monkeypatch.setattr(workers, "accept_batch", rowwise(accept_always))
     params = SamplingParams(temperature=1.0, seed=11)
     llm = LLM(str(target_dir), speculative_config=spec(bad_draft_dir, 2, draft_sample_method="probabilistic"), dtype="float32")
     samples, stats = _sample_first_two(llm, SAMPLING_PROMPT, params, 100)
