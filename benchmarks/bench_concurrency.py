@@ -1,11 +1,14 @@
 """Throughput under concurrency: N concurrent streams through the served stack, side by side in one run.
 
-Setups (each a ``specdec serve`` stack in a child process, started one after the other):
+Setups (each a ``specdec serve`` stack in a child process):
   * target alone (no draft), the same concurrency;
   * the default pair, one loop per request (``--no-group-rounds``: each stream's rounds run on their own);
   * the default pair, grouped (``--group-rounds``, the default: the gateway steps every live sequence
-    together and each service batches the phase whole).
+    together and each service batches the phase whole);
+  * when the speculative config has ``disable_by_batch_size`` (the default pair's does), grouped with it:
+    the rows above leave it out, so that they speculate at every concurrency.
 
+All three stacks load at once and stay up; the setups alternate level by level (best of ``--repeats``).
 At each concurrency N (default 1, 4, 8, 16, 32), N threads each send ``--requests-per-stream`` greedy
 requests of ``--max-tokens`` tokens back to back (prompts offset per stream). Reported per setup and N:
 aggregate tokens/s, its ratio to the same setup at 1 stream, the mean target batch (from the target
@@ -21,6 +24,7 @@ responses (p50/p99: each response carries one round's tokens) and whether every 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -106,6 +110,7 @@ def main() -> int:
     ap.add_argument("--speculative-config", default=None, help="JSON (default: the embedded default pair's)")
     ap.add_argument("--streams", default="1,4,8,16,32", help="concurrency levels, comma-separated")
     ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="passes over every level and setup (best of; default 2)")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of the served models (0: all cores)")
@@ -123,7 +128,7 @@ def main() -> int:
         models = smoke_models(tmp.name)
         target = models.target
         spec = {"method": "draft_model", "model": str(models.draft), "num_speculative_tokens": 2}
-        levels, args.requests_per_stream, args.max_tokens, args.threads = [1, 2], 1, 8, 1
+        levels, args.requests_per_stream, args.max_tokens, args.threads, args.repeats = [1, 2], 1, 8, 1, 1
         prompts = SMOKE_PROMPTS
     if spec is None:
         ap.error("no --speculative-config given and no embedded default draft is shipped")
@@ -131,42 +136,60 @@ def main() -> int:
     max_batch = max(16, max(levels))
     base = dict(model=target, host="127.0.0.1", grpc_port=0, port=0, dtype=args.dtype, num_threads=args.threads,
                 max_batch_size=max_batch)
+    always = {key: value for key, value in spec.items() if key != "disable_by_batch_size"}  # speculating at any load
     setups = [("target alone", dict(base)),
-              ("pair, loop per request", dict(base, speculative_config=json.dumps(spec), group_rounds=False)),
-              ("pair, grouped", dict(base, speculative_config=json.dumps(spec), group_rounds=True))]
+              ("pair, loop per request", dict(base, speculative_config=json.dumps(always), group_rounds=False)),
+              ("pair, grouped", dict(base, speculative_config=json.dumps(always), group_rounds=True))]
+    if spec.get("disable_by_batch_size"):  # e.g. the default pair's: drafts off from that many streams
+        setups.append((f"pair, grouped, disable_by_batch_size={spec['disable_by_batch_size']}",
+                       dict(base, speculative_config=json.dumps(spec), group_rounds=True)))
 
-    rows = []
-    reference: dict[str, list[int]] = {}  # prompt -> the target alone's 1-stream output (greedy: every setup's)
-    for name, serve_config in setups:
-        with ServedStack(serve_config) as stack:
+    reference: dict[str, list[int]] = {}  # prompt -> the first output seen (greedy: every setup's is the same)
+    best: dict[tuple[str, int], dict] = {}  # (setup, streams) -> its fastest repeat
+    identical: dict[tuple[str, int], bool] = {}
+    with contextlib.ExitStack() as es:
+        stacks = [es.enter_context(ServedStack(cfg)) for _, cfg in setups]  # all load at once
+        stubs = []
+        for (name, _), stack in zip(setups, stacks):
             grpc_port, http_port = stack.ports()
-            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-                stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-                run_stream(stub, prompts[0], min(8, args.max_tokens))  # warm-up
-                single = None
-                for n in levels:
+            channel = es.enter_context(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+            stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+            measure(stub, http_port, prompts, min(4, max(levels)), 1, min(8, args.max_tokens))  # warm-up
+            stubs.append((name, stub, http_port))
+        # setups alternate level by level (their order rotating), best of --repeats: this machine's speed drifts
+        for r in range(args.repeats):
+            for n in levels:
+                order = stubs[r % len(stubs):] + stubs[:r % len(stubs)]
+                for name, stub, http_port in order:
                     m = measure(stub, http_port, prompts, n, args.requests_per_stream, args.max_tokens)
                     for prompt, ids in m["outputs"]:
                         reference.setdefault(prompt, ids)
-                    single = single or m["tokens/s"]
-                    rows.append({"setup": name, "streams": n, "tokens/s": m["tokens/s"],
-                                 "x 1 stream": m["tokens/s"] / single,
-                                 "batch/streams": None if m["mean_target_batch"] is None else m["mean_target_batch"] / n,
-                                 "gap p50 ms": m["gap p50 ms"], "gap p99 ms": m["gap p99 ms"],
-                                 "identical": all(reference[p] == ids for p, ids in m["outputs"])})
-                    print(f"{name:24s} {n:3d} streams: {m['tokens/s']:.1f} tokens/s", flush=True)
+                    same = all(reference[p] == ids for p, ids in m["outputs"])
+                    identical[(name, n)] = identical.get((name, n), True) and same
+                    if (name, n) not in best or m["tokens/s"] > best[(name, n)]["tokens/s"]:
+                        best[(name, n)] = m
+                    print(f"repeat {r + 1}: {name:24s} {n:3d} streams: {m['tokens/s']:.1f} tokens/s", flush=True)
+    rows = []
+    for name, _ in setups:
+        single = best[(name, levels[0])]["tokens/s"]
+        for n in levels:
+            m = best[(name, n)]
+            rows.append({"setup": name, "streams": n, "tokens/s": m["tokens/s"], "x 1 stream": m["tokens/s"] / single,
+                         "batch/streams": None if m["mean_target_batch"] is None else m["mean_target_batch"] / n,
+                         "gap p50 ms": m["gap p50 ms"], "gap p99 ms": m["gap p99 ms"],
+                         "identical": identical[(name, n)]})
 
     by = {(r["setup"], r["streams"]): r for r in rows}
     vs_target = {n: by[("pair, grouped", n)]["tokens/s"] / by[("target alone", n)]["tokens/s"] for n in levels}
     vs_loops = {n: by[("pair, grouped", n)]["tokens/s"] / by[("pair, loop per request", n)]["tokens/s"] for n in levels}
     print(f"\ntarget {target} ({args.dtype}), speculative_config {json.dumps(spec)}, greedy, "
-          f"{args.requests_per_stream} requests x {args.max_tokens} tokens per stream\n")
+          f"{args.requests_per_stream} requests x {args.max_tokens} tokens per stream, best of {args.repeats}\n")
     print_table(rows, COLUMNS)
     print("\ngrouped / loop per request: " + ", ".join(f"{n}: {v:.2f}" for n, v in vs_loops.items()))
     print("grouped / target alone:     " + ", ".join(f"{n}: {v:.2f}" for n, v in vs_target.items()))
     write_json(out_path, {"smoke": args.smoke, "target": str(target), "speculative_config": spec,
                           "dtype": args.dtype, "max_tokens": args.max_tokens, "streams": levels,
-                          "requests_per_stream": args.requests_per_stream, "prompts": prompts, "rows": rows,
+                          "requests_per_stream": args.requests_per_stream, "repeats": args.repeats, "prompts": prompts, "rows": rows,
                           "grouped_over_loops": vs_loops, "grouped_over_target_alone": vs_target,
                           "p99_gap_ratio_8_over_1": _gap_ratio(by, 8)})
     if tmp is not None:

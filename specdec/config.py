@@ -30,6 +30,12 @@ DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 1
 # (1.10x it in every repeat), no worse on open-ended prompts, 1.33x on input-grounded ones.
 DEFAULT_PAIR_PROMPT_LOOKUP_MAX = 3
 DEFAULT_PAIR_PROMPT_LOOKUP_MIN = 2
+# The default pair verifies without drafts while this many sequences generate (vLLM's disable_by_batch_size).
+# Measured (benchmarks/bench_concurrency.py, served, greedy, 48 tokens, 2 cores, best of 2): the target
+# alone batched gains more from concurrency than speculation does: at 1 stream the pair runs ~1.0x the
+# target alone on open-ended prompts (1.14x on mixed ones), at 4 streams 0.83x, at 16 0.75-0.90x; so
+# speculation stays on for 1-2 streams and is off from 3.
+DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE = 3
 # The OpenAI HTTP port of `specdec serve`, docker-compose and the chart (the gateway alone has none unless
 # --http-port is given), and where `specdec bench` looks by default.
 DEFAULT_HTTP_PORT = 8000
@@ -160,7 +166,8 @@ def default_speculative_config() -> dict | None:
     if default_draft_path() is None:
         return None
     return {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
-            "prompt_lookup_max": DEFAULT_PAIR_PROMPT_LOOKUP_MAX, "prompt_lookup_min": DEFAULT_PAIR_PROMPT_LOOKUP_MIN}
+            "prompt_lookup_max": DEFAULT_PAIR_PROMPT_LOOKUP_MAX, "prompt_lookup_min": DEFAULT_PAIR_PROMPT_LOOKUP_MIN,
+            "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE}
 
 
 def legacy_speculative_config(speculative_config: Any, speculative_model: str | None,

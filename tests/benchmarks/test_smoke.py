@@ -65,7 +65,7 @@ CONCURRENCY = Expected(
                              "identical"], "setup",
     [name for name in ("target alone", "pair, loop per request", "pair, grouped") for _ in (1, 2)],
     {"target", "speculative_config", "dtype", "max_tokens", "streams", "requests_per_stream", "prompts",
-     "grouped_over_loops", "grouped_over_target_alone", "p99_gap_ratio_8_over_1"},
+     "grouped_over_loops", "grouped_over_target_alone", "p99_gap_ratio_8_over_1", "repeats"},
     numeric=["tokens/s", "x 1 stream", "batch/streams"])
 DEFAULT_PAIR = Expected(
     "bench_default_pair.py", ["setup", "tokens/s", "speedup", "acceptance", "tokens/pass"], "setup",

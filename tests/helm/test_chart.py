@@ -249,6 +249,7 @@ def test_schema_follows_the_code():
     pair = default_speculative_config()
     assert (values["speculativeConfig"]["prompt_lookup_max"], values["speculativeConfig"]["prompt_lookup_min"]) == (
         pair["prompt_lookup_max"], pair["prompt_lookup_min"])
+    assert values["speculativeConfig"]["disable_by_batch_size"] == pair["disable_by_batch_size"]
     assert (values["target"]["model"], values["draft"]["model"]) == (DEFAULT_TARGET, DEFAULT_DRAFT)
     defaults = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
     assert values["gateway"]["grpcPort"] == defaults["port"]
