@@ -124,8 +124,12 @@ class Gateway:
         except SpecDecError as exc:  # e.g. the draft is not up yet: fixed k until a restart
             logger.warning("adaptive k is off: measuring the round costs failed (%s)", exc)
             return None
-        for client in (self.target, draft_client):
-            client.on_call_time = costs.observe
+        # Verify times keep the target's costs current, and Propose times the draft's when a model drafts every
+        # round. Not with lookups (hybrid, n-gram): a round a lookup answered costs next to nothing and would
+        # teach that drafting is free (measured: hybrid then stuck at the largest k).
+        self.target.on_call_time = costs.observe
+        if self.draft_info.method == "draft_model":
+            draft_client.on_call_time = costs.observe
         logger.info("adaptive k up to %d; round costs (ms) verify %s, propose %s", k_max,
                     [round(1000 * v, 1) for v in costs.verify], [round(1000 * p, 1) for p in costs.propose])
         return costs

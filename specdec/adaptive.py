@@ -9,7 +9,9 @@ tokens). Each round takes the k in ``[min_k, k_max]`` with the most tokens per s
 ``alpha`` is estimated per sequence from its rounds, with recent outcomes weighing more: accepted drafts
 count as successes, the first rejection of a round as a failure (a round that accepted all it drafted has
 none). A prior of a few pseudo-rounds keeps the first rounds sensible. The costs come from
-``RoundCosts``: seeded by a calibration at start-up, then kept current from the calls' measured times.
+``RoundCosts``: measured by a calibration at start-up, then kept current from the calls' measured times
+(the gateway uses Propose times only when a model drafts every round: a round a lookup drafted costs
+next to nothing and would teach that drafting is free).
 
 Any k is lossless: adaptivity changes speed, never the output.
 """
@@ -60,8 +62,12 @@ class RoundCosts:
     def best_k(self, alpha: float, k_max: int, min_k: int = 1) -> int:
         """The k in [min_k, k_max] with the most expected tokens per second."""
         k_max = min(k_max, self.k_max)
+        cost, costs = 0.0, []
+        for k in range(k_max + 1):  # more drafts never cost less: noise (or cheap lookup rounds) must not say so
+            cost = max(cost, self.verify[k] + self.propose[k])
+            costs.append(cost)
         candidates = range(min(min_k, k_max), k_max + 1)
-        return max(candidates, key=lambda k: expected_tokens(alpha, k) / (self.verify[k] + self.propose[k]))
+        return max(candidates, key=lambda k: expected_tokens(alpha, k) / costs[k])
 
 
 class AdaptiveK:

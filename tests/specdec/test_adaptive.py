@@ -29,6 +29,9 @@ def test_best_k_follows_acceptance_and_cost():
     dear = RoundCosts([10 + k for k in range(5)], [10 * k for k in range(5)])
     assert dear.best_k(0.5, 4) == 1 and dear.best_k(0.5, 4, min_k=0) == 0
     assert costs.best_k(0.95, 3) == 3  # capped by the request's / server's k
+    # a cost that measured lower for more drafts (noise, or rounds a cheap lookup drafted) is read as no lower
+    odd = RoundCosts([10, 12, 9, 13], [0, 5, 1, 9])  # k=2 "cheaper" than k=1
+    assert odd.best_k(0.0, 3) == 1  # nothing is accepted: no reason for more drafts
 
 
 def test_costs_follow_measured_calls():
