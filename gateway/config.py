@@ -45,10 +45,14 @@ class GatewayConfig:
     disable_by_batch_size: int | None = field(default=None, metadata={"help": "verify without drafts while this many "
                                                                              "sequences are generating (vLLM's name; "
                                                                              "none: always speculate)"})
-    adaptive_k: bool = field(default=False, metadata={"help": "each sequence picks its k per round (up to "
+    adaptive_k: bool = field(default=spec_default("adaptive_k"), metadata={"help": "each sequence picks its k per round (up to "
                                                               "--num-speculative-tokens) from its recent acceptance "
                                                               "and the measured cost of a round; a request's own "
                                                               "num_speculative_tokens pins it"})
+    overlap: bool = field(default=spec_default("overlap"), metadata={
+        "help": "overlapped drafting: the draft drafts each sequence's next round while the target verifies this "
+                "one, on the bet that the round is accepted in full; a lost bet is dropped (lossless either way). "
+                "Pays where draft and target run on their own cores or machines"})
     group_rounds: bool = field(default=True, metadata={"help": "step every live sequence's round together: one "
                                                                "batch of Propose calls, then one of Verify calls, each "
                                                                "service batching the phase whole (--no-group-rounds: "

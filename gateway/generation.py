@@ -6,6 +6,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway.clients import RemoteDraft, RemoteTarget
@@ -15,7 +16,7 @@ from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, Sheddin
 from gateway.scheduler import RoundScheduler
 from specdec.adaptive import AdaptiveK, RoundCosts, calibrate
 from specdec.config import SpeculativeConfig, check_vocab_compatible
-from specdec.decoding import decode
+from specdec.decoding import Lookahead, decode
 from specdec.proposal import TokenLogprob, check_num_speculative_tokens
 from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.models import load_tokenizer
@@ -89,9 +90,14 @@ class Gateway:
             self.round_draft = SheddingDraft(self.draft, lambda: self.admission.running, config.disable_by_batch_size,
                                              name)
         # Group scheduling (gateway.scheduler): its batch hints are exact only when each phase goes to one service.
+        overlap = config.overlap and self.draft is not None
         self.scheduler = (RoundScheduler(self.round_draft, self.target, config.max_concurrent_requests,
-                                         hints=not any(isinstance(c, ReplicaSet) for c in (self.target, draft_client)))
+                                         hints=not any(isinstance(c, ReplicaSet) for c in (self.target, draft_client)),
+                                         overlap=overlap)
                           if config.group_rounds else None)
+        # overlapped drafting in one loop per request: each loop's lookahead Propose runs on this pool
+        self._ahead_pool = (ThreadPoolExecutor(config.max_concurrent_requests, thread_name_prefix="lookahead")
+                            if overlap and self.scheduler is None else None)
         set_build_info("gateway", self.served_model_name, num_speculative_tokens=config.num_speculative_tokens
                        if self.draft else 0, method="draft_model" if self.draft else "target_only")
 
@@ -204,8 +210,9 @@ class Gateway:
         for client in (self.target, self.draft):
             if client is not None:
                 client.set_deadline(seq.sequence_id, deadline)
+        ahead = Lookahead(self._ahead_pool.submit) if self._ahead_pool is not None else None
         rounds = (self.scheduler.rounds(seq, k, cancelled) if self.scheduler is not None
-                  else _solo_rounds(decode(self.round_draft, self.target, seq, k), seq))
+                  else _solo_rounds(decode(self.round_draft, self.target, seq, k, ahead), seq))
         try:
             seq_metrics.round_started()  # the first round starts now; the loop runs them back to back
             logprobs_seen = 0  # the tokens' logprobs, in step with the rounds' token ids
@@ -265,6 +272,8 @@ class Gateway:
     def close(self) -> None:
         if getattr(self, "scheduler", None) is not None:
             self.scheduler.close()
+        if getattr(self, "_ahead_pool", None) is not None:
+            self._ahead_pool.shutdown(wait=False, cancel_futures=True)
         if hasattr(self, "target_health"):
             self.target_health.close()
         self.target.close()

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway.clients import batch_hint
-from specdec.decoding import group_round, k_of
+from specdec.decoding import Lookahead, group_round, k_of
 from specdec.errors import BackendUnavailableError
 from specdec.sequence import SequenceState
 
@@ -43,8 +43,9 @@ STALL_POLL_S = 0.1
 
 
 class _Member:
-    def __init__(self, seq: SequenceState, k: int, cancelled: Callable[[], bool] | None):
+    def __init__(self, seq: SequenceState, k: int, cancelled: Callable[[], bool] | None, overlap: bool):
         self.seq, self.k = seq, k
+        self.ahead = Lookahead() if overlap else None  # the next round's proposal, drafted during a verify
         self.cancelled = cancelled or (lambda: False)
         self.rounds: queue.Queue = queue.Queue()  # each step's (text, token ids, finished), an exception, or _CANCELLED
         self.active = True  # still stepped: not finished, failed, cancelled or left
@@ -54,9 +55,10 @@ class _Member:
 class RoundScheduler:
     """Drives the rounds of every sequence that joins, one step of the whole group at a time."""
 
-    def __init__(self, draft, target, max_concurrent_calls: int, hints: bool = True):
+    def __init__(self, draft, target, max_concurrent_calls: int, hints: bool = True, overlap: bool = False):
         self.draft, self.target = draft, target
         self.hints = hints  # batch hints are exact only when every call of a phase goes to one service
+        self.overlap = overlap  # each step also drafts the next round ahead, beside the verifications
         self._members: list[_Member] = []
         self._in_step: dict[int, float] = {}  # id of each member a step in flight holds -> when that step began
         self._durations: collections.deque[float] = collections.deque(maxlen=32)  # recent steps' run times
@@ -64,7 +66,10 @@ class RoundScheduler:
         self._closed = False
         self._groups = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]  # group ids differ between gateways sharing a service
-        self._pool = ThreadPoolExecutor(max(1, max_concurrent_calls), thread_name_prefix="round-call")
+        # a step's calls (with overlap, the verifications and lookaheads of a step: twice as many), and the
+        # steps themselves (more than one only while a step has stalled)
+        self._pool = ThreadPoolExecutor(2 * max(1, max_concurrent_calls), thread_name_prefix="round-call")
+        self._steps = ThreadPoolExecutor(max(2, max_concurrent_calls), thread_name_prefix="round-step")
         self.steps = 0  # steps run (for tests and logs)
         self._thread = threading.Thread(target=self._loop, name="round-scheduler", daemon=True)
         self._thread.start()
@@ -74,7 +79,7 @@ class RoundScheduler:
         """The sequence's rounds as the group runs them: each round's (new text, new token ids, finished).
         As with ``decode``, closing the iterator, an error or ``cancelled()`` (checked every step) ends
         it and releases both services' caches."""
-        member = _Member(seq, k, cancelled)
+        member = _Member(seq, k, cancelled, self.overlap)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the gateway is closing")
@@ -124,7 +129,7 @@ class RoundScheduler:
                     continue
                 started = time.monotonic()
                 self._in_step.update((id(m), started) for m in group)
-            threading.Thread(target=self._run_step, args=(group, started), name="round-step", daemon=True).start()
+            self._steps.submit(self._run_step, group, started)
 
     def _may_step(self) -> bool:
         """A step may start: some member is ready (active, not in a step), and no step is in flight, or
@@ -157,7 +162,7 @@ class RoundScheduler:
         self.steps += 1
         try:
             outcomes = group_round(self.draft, self.target, [m.seq for m in group], [k_of(m.k, m.seq) for m in group],
-                                   self._run_all)
+                                   self._run_all, [m.ahead for m in group])
         except BaseException as exc:  # noqa: BLE001 - a bug here must fail the requests, not hang them
             logger.exception("a round of %d sequences failed", len(group))
             outcomes = [exc] * len(group)
@@ -171,22 +176,29 @@ class RoundScheduler:
             member.rounds.put((outcome, seq.output_token_ids[member.seen:], seq.finished))
             member.seen = len(seq.output_token_ids)
 
-    def _run_all(self, calls: Sequence[Callable[[], object]]) -> list:
-        """Issue a phase's calls at once (each on a pool thread, with the phase's batch hint); wait for all."""
-        if not calls:
-            return []
-        hint = f"{self._prefix}-{next(self._groups)}:{len(calls)}" if self.hints else None
+    def _run_all(self, *phases: Sequence[Callable[[], object]]) -> list[list]:
+        """Issue phases of calls, all at once (each call on a pool thread, with its phase's batch hint); wait
+        for all. Returns each phase's results in order (a call's exception in place of its result)."""
+        tasks = []
+        for calls in phases:
+            hint = f"{self._prefix}-{next(self._groups)}:{len(calls)}" if self.hints and calls else None
+            tasks += [(call, hint) for call in calls]
 
-        def run(call: Callable[[], object]):
+        def run(task: tuple[Callable[[], object], str | None]):
+            call, hint = task
             with batch_hint(hint):
                 try:
                     return call()
                 except BaseException as exc:  # noqa: BLE001 - handed to its own sequence
                     return exc
 
-        if len(calls) == 1:  # a lone call runs here: no hand-off to a pool thread
-            return [run(calls[0])]
-        return list(self._pool.map(run, calls))
+        # a lone call runs here: no hand-off to a pool thread
+        results = [run(tasks[0])] if len(tasks) == 1 else list(self._pool.map(run, tasks))
+        out, start = [], 0
+        for calls in phases:
+            out.append(results[start:start + len(calls)])
+            start += len(calls)
+        return out
 
     def close(self) -> None:
         with self._cond:
@@ -198,3 +210,4 @@ class RoundScheduler:
             self._cond.notify_all()
         self._thread.join(30)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._steps.shutdown(wait=False, cancel_futures=True)

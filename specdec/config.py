@@ -63,6 +63,9 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None
     # each sequence picks its k per round, up to num_speculative_tokens (specdec.adaptive); false pins k
     adaptive_k: bool = False
+    # overlapped drafting: the draft drafts the next round while the target verifies this one, betting
+    # that this round is accepted in full (specdec.decoding.Lookahead); false: the rounds run in turn
+    overlap: bool = False
 
     @property
     def uses_lookup(self) -> bool:
@@ -124,6 +127,9 @@ class SpeculativeConfig:
         if self.disable_by_batch_size is not None and (not isinstance(self.disable_by_batch_size, int)
                                                        or self.disable_by_batch_size < 1):
             raise ConfigError(f"disable_by_batch_size must be an integer >= 1, got {self.disable_by_batch_size!r}")
+        for key in ("adaptive_k", "overlap"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{key} must be true or false")
         if self.uses_lookup:
             from specdec.ngram import check_lookup
 

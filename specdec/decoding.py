@@ -9,7 +9,7 @@ drafts, so both paths process logits identically.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
@@ -26,18 +26,93 @@ class Verifier(Protocol):
     def release(self, sequence_id: str) -> None: ...
 
 
-def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceState, k: int) -> list[int]:
+def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceState, k: int,
+                      ahead: "Lookahead | None" = None) -> list[int]:
     """One round: the draft proposes k tokens, the target verifies them in one pass.
 
-    Returns the accepted drafts followed by the bonus or recovered token (1 to k + 1 tokens).
+    Returns the accepted drafts followed by the bonus or recovered token (1 to k + 1 tokens). With
+    ``ahead`` (overlap), the proposal may already be drafted, and the draft drafts the next round's
+    while the target verifies this one.
     """
     k = min(k, seq.budget - 1) if draft is not None else 0  # never draft past max_tokens / max_model_len
-    proposal = draft.propose(seq.sequence_id, seq.token_ids, k, seq.params) if k > 0 else Proposal([])
+    proposal = ahead.take(seq, k) if ahead is not None else None  # drafted during the last verification
+    if proposal is None:
+        proposal = draft.propose(seq.sequence_id, seq.token_ids, k, seq.params) if k > 0 else Proposal([])
     proposal = proposal.truncated(seq.budget - 1)  # a TLI draft's text can make more target tokens than k
+    if ahead is not None:
+        ahead.start(draft, seq, proposal, k)
     result = target.verify(seq.sequence_id, seq.token_ids, proposal, seq.verify_params)
     seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens)
     seq.note_verify(result)  # logprobs travel with the tokens
     return result.emitted(proposal.draft_token_ids)
+
+
+class Lookahead:
+    """Overlapped drafting (PEARL's post-verify, across services): while the target verifies a round,
+    the draft drafts the next one, on the bet that the target accepts every draft of this round. The
+    bet wins when it did and its bonus token is the first token drafted ahead: the rest are then the
+    next round's proposal, ready at once. Otherwise they are dropped and the draft proposes from the
+    accepted prefix as usual; its cache follows the new history (the runner keeps only the common
+    prefix), so no speculative token or cache entry survives a lost bet. Lossless either way: every
+    proposal is verified, and a proposal's q rows travel with its tokens.
+
+    One per sequence. ``submit`` runs a call beside the caller and returns something with ``result()``
+    (``concurrent.futures``); without it the caller runs the call (``call``) and hands the result to
+    ``resolve`` (the group scheduler, which batches every sequence's lookahead into one phase).
+    """
+
+    def __init__(self, submit: Callable[..., Any] | None = None):
+        self.submit = submit
+        self.call: Callable[[], Proposal] | None = None  # the lookahead to run (group mode)
+        self._base: list[int] = []  # the history it drafts after: the round's context and drafts
+        self._pending: Callable[[], Proposal | BaseException] | None = None
+
+    def start(self, draft: Proposer | None, seq: SequenceState, proposal: Proposal, k: int) -> None:
+        """Begin drafting the round after ``proposal`` (k + 1 tokens: the bonus position and k drafts), if
+        the sequence can outlive this round."""
+        self.call = None
+        if draft is None or k <= 0 or not proposal.draft_token_ids or seq.budget <= len(proposal.draft_token_ids) + 1:
+            return
+        self._base = seq.token_ids + proposal.draft_token_ids
+        self.call = _call(draft.propose, seq.sequence_id, self._base, k + 1, seq.params)
+        if self.submit is not None:
+            future = self.submit(self.call)
+            self.call = None
+            self.resolve(lambda: _outcome(future))
+
+    def resolve(self, outcome: Callable[[], Proposal | BaseException]) -> None:
+        """The lookahead's result (or error), to be read when the next round begins."""
+        self._pending = outcome
+
+    def take(self, seq: SequenceState, k: int) -> Proposal | None:
+        """The next round's proposal if the bet won (at most k tokens), else None. Waits for the lookahead:
+        no other call for the sequence may reach the draft while it runs."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        drafted = pending()
+        seq.stats.num_lookaheads += 1  # decided now: used or dropped
+        n = len(self._base)
+        if isinstance(drafted, BaseException) or k <= 0 or seq.token_ids[:n] != self._base:
+            return None  # a draft error shows again (or is handled) in the round's own Propose
+        landed = seq.token_ids[n:]  # the bonus token: one, when every draft was accepted
+        if not landed or drafted.draft_token_ids[:len(landed)] != landed or len(drafted.draft_token_ids) <= len(landed):
+            return None
+        seq.stats.num_lookaheads_used += 1
+        return drafted.after(len(landed)).truncated(k)
+
+    def close(self) -> None:
+        """Wait for a lookahead still running (the caches are released after it, never under it)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending()
+
+
+def _outcome(future: Any) -> Proposal | BaseException:
+    try:
+        return future.result()
+    except BaseException as exc:  # noqa: BLE001 - read as a lost bet; the round's own Propose reports it
+        return exc
 
 
 def commit(seq: SequenceState, token_ids: list[int]) -> str:
@@ -51,26 +126,40 @@ def commit(seq: SequenceState, token_ids: list[int]) -> str:
     return delta
 
 
-# Runs a phase's calls at once; returns each call's result or the exception it raised, in order.
-RunAll = Callable[[Sequence[Callable[[], object]]], list]
+# Runs phases of calls, all at the same time (each phase's calls together, as one batch): returns each
+# phase's results, each call's result or the exception it raised, in order.
+RunAll = Callable[..., list]
 
 
 def group_round(draft: Proposer | None, target: Verifier, seqs: Sequence[SequenceState], ks: Sequence[int],
-                run_all: RunAll) -> list[str | BaseException]:
+                run_all: RunAll, aheads: Sequence[Lookahead | None] | None = None) -> list[str | BaseException]:
     """One round for a group of sequences, phase by phase: every proposal at once, then every
     verification at once, so that the services batch each phase whole (``run_all`` issues a phase's
     calls together). The same steps as ``speculative_round`` per sequence; each sequence gets its
-    round's new text, or the exception that ended it (the others carry on)."""
+    round's new text, or the exception that ended it (the others carry on). With ``aheads`` (overlap),
+    proposals drafted during the last verification are used, and the next round's lookaheads run as
+    a phase of their own beside the verifications."""
     ks = [min(k, s.budget - 1) if draft is not None else 0 for s, k in zip(seqs, ks)]
-    proposals: list = [Proposal([])] * len(seqs)
-    drafting = [i for i, k in enumerate(ks) if k > 0]
-    for i, p in zip(drafting, run_all([_call(draft.propose, seqs[i].sequence_id, seqs[i].token_ids, ks[i],
-                                             seqs[i].params) for i in drafting])):
-        proposals[i] = p if isinstance(p, BaseException) else p.truncated(seqs[i].budget - 1)
+    aheads = aheads or [None] * len(seqs)
+    proposals: list = [a.take(s, k) if a is not None else None for a, s, k in zip(aheads, seqs, ks)]
+    drafting = [i for i, k in enumerate(ks) if k > 0 and proposals[i] is None]
+    (drafted,) = run_all([_call(draft.propose, seqs[i].sequence_id, seqs[i].token_ids, ks[i], seqs[i].params)
+                          for i in drafting])
+    for i, p in zip(drafting, drafted):
+        proposals[i] = p
+    proposals = [Proposal([]) if p is None else p if isinstance(p, BaseException) else p.truncated(s.budget - 1)
+                 for p, s in zip(proposals, seqs)]
     live = [i for i, p in enumerate(proposals) if not isinstance(p, BaseException)]
+    for i in live:
+        if aheads[i] is not None:
+            aheads[i].start(draft, seqs[i], proposals[i], ks[i])
+    looking = [i for i in live if aheads[i] is not None and aheads[i].call is not None]
+    verified, looked = run_all([_call(target.verify, seqs[i].sequence_id, seqs[i].token_ids, proposals[i],
+                                      seqs[i].verify_params) for i in live], [aheads[i].call for i in looking])
+    for i, drafted_ahead in zip(looking, looked):
+        aheads[i].resolve(lambda d=drafted_ahead: d)
     results: list = list(proposals)
-    for i, r in zip(live, run_all([_call(target.verify, seqs[i].sequence_id, seqs[i].token_ids, proposals[i],
-                                         seqs[i].verify_params) for i in live])):
+    for i, r in zip(live, verified):
         results[i] = r
     out: list[str | BaseException] = []
     for seq, proposal, result in zip(seqs, proposals, results):
@@ -93,17 +182,19 @@ def k_of(k: int | Callable[[SequenceState], int], seq: SequenceState) -> int:
 
 
 def decode(draft: Proposer | None, target: Verifier, seq: SequenceState,
-           k: int | Callable[[SequenceState], int]) -> Iterator[str]:
+           k: int | Callable[[SequenceState], int], ahead: Lookahead | None = None) -> Iterator[str]:
     """Run rounds until the sequence finishes, yielding each round's new text. ``k``: drafts per round,
-    or a policy that picks them before each round.
+    or a policy that picks them before each round. ``ahead``: overlapped drafting (see ``Lookahead``).
 
     Tokens after EOS, a stop string or the length limit inside an accepted block are dropped.
     Both workers' caches are released at the end, on error and on abandonment (generator close).
     """
     try:
         while not seq.finished:
-            yield commit(seq, speculative_round(draft, target, seq, k_of(k, seq)))
+            yield commit(seq, speculative_round(draft, target, seq, k_of(k, seq), ahead))
     finally:
+        if ahead is not None:
+            ahead.close()
         seq.abort()
         target.release(seq.sequence_id)
         if draft is not None:

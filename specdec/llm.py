@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.adaptive import AdaptiveK, calibrate
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible, legacy_speculative_config
-from specdec.decoding import decode
+from specdec.decoding import Lookahead, decode
 from specdec.runner import ModelRunner
 from specdec.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
@@ -140,6 +141,9 @@ class LLM:
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
                 self._draft_worker = HybridDraftWorker(self._draft_worker, *cfg.lookup_range())
+        # overlapped drafting: the draft's lookahead runs on this thread while the target verifies
+        self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead") if cfg is not None and cfg.overlap \
+            else None
         self._round_costs = None  # adaptive k: a round's measured costs by k
         if cfg is not None and cfg.adaptive_k:
             text = self.target.tokenizer("The quick brown fox jumps over the lazy dog.").input_ids
@@ -203,7 +207,8 @@ class LLM:
         """Generate one sequence, yielding text deltas as rounds complete."""
         k = self.num_speculative_tokens
         return decode(self._draft_worker, self._target_worker, seq,
-                      AdaptiveK(self._round_costs, k) if self._round_costs is not None else k)
+                      AdaptiveK(self._round_costs, k) if self._round_costs is not None else k,
+                      Lookahead(self._ahead_pool.submit) if self._ahead_pool is not None else None)
 
     def generate(
         self,

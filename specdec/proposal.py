@@ -27,6 +27,10 @@ class Proposal:
             return self
         return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n])
 
+    def after(self, n: int) -> "Proposal":
+        """The draft tokens after the first ``n`` (and their q rows)."""
+        return Proposal(self.draft_token_ids[n:], None if self.draft_probs is None else self.draft_probs[n:])
+
 
 @dataclass
 class TokenLogprob:

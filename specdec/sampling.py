@@ -265,6 +265,10 @@ class SpecDecodeStats:
     num_accepted_tokens: int = 0
     num_target_passes: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    # overlap: proposals drafted ahead while the target verified (specdec.decoding.Lookahead), counted when
+    # the next round decides them, and how many became that round's proposal (the rest were dropped)
+    num_lookaheads: int = 0
+    num_lookaheads_used: int = 0
 
     def record(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         self.num_target_passes += 1
@@ -283,6 +287,8 @@ class SpecDecodeStats:
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_target_passes += other.num_target_passes
+        self.num_lookaheads += other.num_lookaheads
+        self.num_lookaheads_used += other.num_lookaheads_used
         n = max(len(self.accepted_per_position), len(other.accepted_per_position))
         a = self.accepted_per_position + [0] * (n - len(self.accepted_per_position))
         b = other.accepted_per_position + [0] * (n - len(other.accepted_per_position))
@@ -306,4 +312,6 @@ class SpecDecodeStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "accepted_per_position": list(self.accepted_per_position),
+            "num_lookaheads": self.num_lookaheads,
+            "num_lookaheads_used": self.num_lookaheads_used,
         }

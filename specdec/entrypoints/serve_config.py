@@ -47,7 +47,7 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
               "target_tokenizer": "use_heterogeneous_vocab"},
     "gateway": {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",
                 "use_heterogeneous_vocab": "use_heterogeneous_vocab", "disable_by_batch_size": "disable_by_batch_size",
-                "adaptive_k": "adaptive_k", "max_model_len": "max_model_len"},
+                "adaptive_k": "adaptive_k", "overlap": "overlap", "max_model_len": "max_model_len"},
     "target": {"max_model_len": "max_model_len"},
 }
 # part -> field -> why serve sets it itself.

@@ -39,6 +39,9 @@ NUM_ACCEPTED_TOKENS = Counter("specdec_spec_decode_num_accepted_tokens", "Draft 
 ACCEPTED_PER_POS = Counter("specdec_spec_decode_num_accepted_tokens_per_pos",
                            "Draft tokens accepted at each position of a round's proposal (0-based).",
                            (*LABELS, "position"))
+LOOKAHEADS = Counter("specdec_spec_decode_lookaheads", "Proposals drafted ahead while the target verified (overlap), "
+                     "by outcome: used (the round before was accepted in full and its bonus token was the first "
+                     "token drafted ahead) or dropped.", (*LABELS, "outcome"))
 
 # -- requests (gateway; one per output sequence: a request with n outputs counts n) -----------------
 TTFT = Histogram("specdec_time_to_first_token_seconds", "Arrival to the first output token.", LABELS,
@@ -126,6 +129,8 @@ def init_gateway_series(model_name: str) -> None:
         metric.labels(*labels)
     for reason in ("stop", "length"):
         REQUEST_SUCCESS.labels(*labels, reason)
+    for outcome in ("used", "dropped"):
+        LOOKAHEADS.labels(*labels, outcome)
     for phase in ("propose", "verify"):
         HISTORY_RESENDS.labels(*labels, phase)
     for reason in ("draft_failed", "breaker_open", "load"):
@@ -146,6 +151,7 @@ class GatewaySeries:
         self.ttft, self.itl, self.e2e, self.queue = (h.labels(*labels) for h in (TTFT, ITL, E2E, QUEUE_TIME))
         self.prompt_tokens, self.generation_tokens = PROMPT_TOKENS.labels(*labels), GENERATION_TOKENS.labels(*labels)
         self.running, self.waiting = REQUESTS_RUNNING.labels(*labels), REQUESTS_WAITING.labels(*labels)
+        self.lookaheads_used, self.lookaheads_dropped = (LOOKAHEADS.labels(*labels, o) for o in ("used", "dropped"))
         self._per_pos: list = []
         self._calls: dict = {}
 
@@ -178,6 +184,7 @@ class SequenceMetrics:
         self.e2e: float | None = None  # seconds, once finished
         self._seen = (0, 0, 0)  # drafts, draft tokens, accepted tokens counted so far
         self._seen_per_pos: list[int] = []
+        self._lookaheads = (0, 0)  # lookaheads decided (used or dropped) and used, counted so far
         self.series.waiting.inc()
 
     def round_started(self) -> None:
@@ -203,6 +210,11 @@ class SequenceMetrics:
                     s.accepted_at(pos).inc(count - seen[pos])
                     seen[pos] = count
             self._seen = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+        if stats.num_lookaheads > self._lookaheads[0]:
+            decided, used = self._lookaheads  # (a lookahead is counted when the round after it decides it)
+            s.lookaheads_used.inc(stats.num_lookaheads_used - used)
+            s.lookaheads_dropped.inc(stats.num_lookaheads - decided - (stats.num_lookaheads_used - used))
+            self._lookaheads = (stats.num_lookaheads, stats.num_lookaheads_used)
         if emitted:
             now = time.monotonic()
             if self.last_emit is None:

@@ -6,7 +6,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway import scheduler as scheduler_module
-from specdec.serving import batching
+from specdec.serving import batching, metrics
+from tests import metrics_helpers
 from specdec.v1 import generation_service_pb2_grpc
 from tests.services_conftest_helpers import (
     PROMPTS,
@@ -158,6 +159,50 @@ def test_one_loop_per_request_still_available(servers, stack, gen_stub):
     """--no-group-rounds: each request runs its own loop (the mode bench_serving compares against)."""
     gw = servers.gateway(stack.target, stack.draft, group_rounds=False)
     assert gw.backend.scheduler is None
+    stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(gw))
+    requests = _requests()[:3]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda r: generate(stub, r), requests))
+    for req, out in zip(requests, together):
+        alone = generate(gen_stub, req)
+        assert (out.text, out.token_ids) == (alone.text, alone.token_ids), req.request_id
+    servers.stop(gw)
+    wait_released(stack.target, stack.draft)
+
+
+def _lookaheads(outcome: str) -> float:
+    samples = metrics_helpers.parse(metrics.exposition().decode())
+    return metrics_helpers.total(samples, "specdec_spec_decode_lookaheads_total", outcome=outcome)
+
+
+def test_overlapped_streams_match_the_target_alone_and_lookaheads_batch_whole(servers, stack, gen_stub, target_llm,
+                                                                              monkeypatch):
+    """--overlap with group rounds: each step's lookaheads go to the draft as one batch of their own while
+    the target verifies, won bets skip the Propose phase, and every stream is still the target alone."""
+    gw = servers.gateway(stack.target, stack.draft, overlap=True)
+    stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(gw))
+    requests = _requests()
+    monkeypatch.setattr(batching, "GROUP_WAIT_S", 30.0)  # a wrong hint stalls rather than passes by luck
+    monkeypatch.setattr(scheduler_module, "MIN_STALL_S", 60.0)
+    used, dropped = _lookaheads("used"), _lookaheads("dropped")
+    with _Records(gw.backend, stack.target.backend, stack.draft.backend, wait_for=NUM_STREAMS) as rec:
+        with ThreadPoolExecutor(NUM_STREAMS) as pool:
+            together = list(pool.map(lambda r: generate(stub, r), requests))
+    for req, out in zip(requests, together):
+        assert (out.text, out.token_ids) == offline_greedy(target_llm, req.prompt, req.max_tokens), req.request_id
+    won, lost = _lookaheads("used") - used, _lookaheads("dropped") - dropped
+    assert won > 0 and lost > 0, (won, lost)
+    # one target batch per step, as without overlap; the draft ran the lookaheads as whole batches too
+    assert [sorted(b) for b in rec.target] == [sorted(g) for g in rec.steps]
+    assert max(map(len, rec.draft)) == NUM_STREAMS
+    assert all(h is not None for h in rec.hints)  # lookaheads carry their phase's batch hint too
+    servers.stop(gw)
+    wait_released(stack.target, stack.draft)
+
+
+def test_overlap_in_one_loop_per_request(servers, stack, gen_stub):
+    gw = servers.gateway(stack.target, stack.draft, overlap=True, group_rounds=False)
+    assert gw.backend.scheduler is None and gw.backend._ahead_pool is not None
     stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(gw))
     requests = _requests()[:3]
     with ThreadPoolExecutor(3) as pool:

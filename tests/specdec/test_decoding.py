@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 import torch
 
-from specdec.decoding import decode, speculative_round
+from specdec import LLM
+from specdec.decoding import Lookahead, decode, group_round, speculative_round
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
@@ -70,3 +74,168 @@ def test_longer_proposals_within_the_budget_are_verified_whole():
     seq = _seq(max_tokens=20)
     assert speculative_round(draft, target, seq, k=3) == [1, 2, 3, 4, 5, 7]
     assert target.verified == [[1, 2, 3, 4, 5]]
+
+
+# --------------------------------------------------------------------------------------------------
+# overlapped drafting (Lookahead): the draft drafts the next round while the target verifies
+
+
+class CountingDraft:
+    """Drafts "last token + 1, + 2, ..." (a draft that always continues by counting), with q rows that say
+    which token each row drafted; records every call as (history, k)."""
+
+    def __init__(self):
+        self.calls: list[tuple[list[int], int]] = []
+
+    def propose(self, sequence_id, token_ids, k, params):
+        self.calls.append((list(token_ids), k))
+        drafts = [token_ids[-1] + i for i in range(1, k + 1)]
+        return Proposal(drafts, torch.nn.functional.one_hot(torch.tensor(drafts), 64).float())
+
+    def release(self, sequence_id):
+        pass
+
+
+class CountingTarget:
+    """Continues by counting too, except where ``breaks`` says: at those positions it emits token 0 (a
+    rejection of whatever was drafted there)."""
+
+    def __init__(self, breaks=()):
+        self.breaks, self.verified = set(breaks), []
+
+    def verify(self, sequence_id, token_ids, proposal, params):
+        self.verified.append((list(token_ids), list(proposal.draft_token_ids)))
+        assert proposal.draft_probs is None or torch.equal(proposal.draft_probs.argmax(-1),
+                                                           torch.tensor(proposal.draft_token_ids)), "q rows misaligned"
+        history = list(token_ids)
+        for n, d in enumerate(proposal.draft_token_ids):
+            want = 0 if len(history) in self.breaks else history[-1] + 1
+            if d != want:
+                return VerifyResult(n, want)
+            history.append(d)
+        return VerifyResult(len(proposal.draft_token_ids), 0 if len(history) in self.breaks else history[-1] + 1)
+
+    def release(self, sequence_id):
+        pass
+
+
+def _counting_seq(max_tokens: int) -> SequenceState:
+    return SequenceState([1, 2], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), _Tok(),
+                         frozenset(), 100)
+
+
+def _run(draft, target, max_tokens: int, overlap: bool, k: int = 2) -> SequenceState:
+    seq = _counting_seq(max_tokens)
+    with ThreadPoolExecutor(1) as pool:
+        list(decode(draft, target, seq, k, Lookahead(pool.submit) if overlap else None))
+    return seq
+
+
+def test_a_won_bet_is_the_next_proposal_and_saves_the_propose_call():
+    draft, target = CountingDraft(), CountingTarget()
+    seq = _run(draft, target, max_tokens=9, overlap=True)
+    assert seq.output_token_ids == list(range(3, 12))
+    # round 1 proposes [3, 4] at [1, 2]; its lookahead drafts k + 1 = 3 after [1, 2, 3, 4]: [5, 6, 7]. The
+    # target accepts [3, 4] with bonus 5 = the first token drafted ahead, so round 2 verifies [6, 7] at once.
+    assert draft.calls[:2] == [([1, 2], 2), ([1, 2, 3, 4], 3)]
+    assert target.verified[:2] == [([1, 2], [3, 4]), ([1, 2, 3, 4, 5], [6, 7])]
+    assert [k for _, k in draft.calls] == [2, 3, 3]  # one Propose on the critical path; the rest ran ahead
+    assert (seq.stats.num_lookaheads, seq.stats.num_lookaheads_used) == (2, 2)
+    assert seq.stats.num_accepted_tokens == seq.stats.num_draft_tokens == 6
+
+
+def test_a_lost_bet_is_dropped_and_the_draft_proposes_from_the_accepted_prefix():
+    draft, target = CountingDraft(), CountingTarget(breaks={3})  # rejects the second draft of round 1
+    seq = _run(draft, target, max_tokens=8, overlap=True)
+    plain_draft, plain_target = CountingDraft(), CountingTarget(breaks={3})
+    plain = _run(plain_draft, plain_target, max_tokens=8, overlap=False)
+    assert seq.output_token_ids == plain.output_token_ids == [3, 0, 1, 2, 3, 4, 5, 6]
+    assert draft.calls[1] == ([1, 2, 3, 4], 3)  # the bet on [3, 4] ...
+    assert draft.calls[2] == ([1, 2, 3, 0], 2)  # ... lost: the next proposal comes from the accepted prefix
+    assert target.verified[1] == ([1, 2, 3, 0], [1, 2])  # nothing drafted ahead reached the target
+    assert [v for v in target.verified if v[0] == [1, 2, 3, 0]] == [v for v in plain_target.verified
+                                                                    if v[0] == [1, 2, 3, 0]]
+    assert seq.stats.num_lookaheads_used < seq.stats.num_lookaheads
+
+
+def test_a_bet_whose_bonus_token_differs_is_dropped():
+    # all drafts accepted, but the target's bonus token (0 at position 4) is not the first drafted ahead (5)
+    draft, target = CountingDraft(), CountingTarget(breaks={4})
+    seq = _run(draft, target, max_tokens=6, overlap=True)
+    assert seq.output_token_ids == [3, 4, 0, 1, 2, 3]
+    assert draft.calls[2] == ([1, 2, 3, 4, 0], 2)
+    assert seq.stats.num_lookaheads_used == 0 < seq.stats.num_lookaheads
+
+
+def test_no_lookahead_past_the_budget_and_none_left_running():
+    draft, target = CountingDraft(), CountingTarget()
+    seq = _run(draft, target, max_tokens=3, overlap=True)  # one round of 2 drafts + bonus ends it
+    assert seq.output_token_ids == [3, 4, 5]
+    assert draft.calls == [([1, 2], 2)]  # the round could not be outlived: no lookahead was started
+
+
+def test_lookahead_and_group_rounds_agree(monkeypatch):
+    """group_round with lookaheads (the scheduler's path): the same rounds as the loop, and the lookaheads
+    run as their own phase beside the verifications."""
+    phases_seen = []
+
+    def run_all(*phases):
+        phases_seen.append([len(p) for p in phases])
+        return [[call() for call in p] for p in phases]
+
+    draft, target = CountingDraft(), CountingTarget(breaks={7})
+    seqs = [_counting_seq(10), _counting_seq(10)]
+    aheads = [Lookahead(), Lookahead()]
+    while not all(s.finished for s in seqs):
+        live = [i for i, s in enumerate(seqs) if not s.finished]
+        group_round(draft, target, [seqs[i] for i in live], [2] * len(live), run_all, [aheads[i] for i in live])
+    alone = _run(CountingDraft(), CountingTarget(breaks={7}), max_tokens=10, overlap=False)
+    assert all(s.output_token_ids == alone.output_token_ids for s in seqs)
+    # (Propose phase), (Verify phase, lookahead phase) per round: round 2 drafted nothing (both bets won),
+    # round 3 proposed again (the bonus token at position 7 lost both bets), the last round had no lookahead
+    assert phases_seen == [[2], [2, 2], [0], [2, 2], [2], [2, 2], [0], [2, 0]]
+    assert (seqs[0].stats.num_lookaheads, seqs[0].stats.num_lookaheads_used) == (3, 1)
+
+
+# -- overlap through the in-process workers (tiny random-weight pair of tests/conftest.py) ---------
+
+
+def _tracked_proposals(llm):
+    """Wrap the LLM's draft worker: record each Propose call's (history, k, the draft's cached tokens after it)."""
+    worker, calls = llm._draft_worker, []
+    propose = worker.propose
+
+    def tracked(sequence_id, token_ids, k, params):
+        out = propose(sequence_id, token_ids, k, params)
+        calls.append((tuple(token_ids), k, tuple(worker.runner.sequences[sequence_id].tokens)))
+        return out
+
+    worker.propose = tracked
+    return calls
+
+
+@pytest.mark.usefixtures("cached_model_loading")
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_overlap_is_greedy_identical_and_leaves_no_stale_cache(target_dir, good_draft_dir, target_greedy_ref, spec, k):
+    prompt = "The quick brown fox"
+    ids, want = target_greedy_ref[prompt]
+    params = SamplingParams(temperature=0, max_tokens=len(want), ignore_eos=True)
+    runs = {}
+    for overlap in (False, True):
+        llm = LLM(str(target_dir), speculative_config=spec(good_draft_dir, k, overlap=overlap), dtype="float32")
+        calls = _tracked_proposals(llm)
+        seq = llm.new_sequence(list(ids), params)
+        list(llm.stream(seq))
+        assert seq.output_token_ids == want, f"overlap={overlap}"
+        assert not llm._draft_worker.runner.sequences, "the draft's cache must be released at the end"
+        runs[overlap] = (seq.stats, calls)
+    stats, calls = runs[True]
+    assert 0 < stats.num_lookaheads_used < stats.num_lookaheads, stats.as_dict()  # bets won and lost
+    plain = {history: cached for history, _, cached in runs[False][1]}
+    regular = [(history, cached) for history, asked, cached in calls if asked <= k]  # lookaheads ask k + 1
+    assert len(regular) < len(runs[False][1])  # won bets saved Propose calls
+    for history, cached in regular:
+        # after a lost bet the draft proposes from the accepted prefix with exactly the cache a sequential
+        # run has at that history: the dropped lookahead left no token or cache entry behind
+        assert cached == plain[history], len(history)
+        assert cached[:len(history)] == history
