@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,11 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serving import ServedStack  # noqa: E402
-from common import add_common_args, json_path, print_table, ratio, smoke_environment, smoke_models, write_json  # noqa: E402,E501
+from common import (add_common_args, cpu_info, json_path, print_table, ratio, smoke_environment, smoke_models,  # noqa: E402
+                    write_json)
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from specdec.models import resolve_model_path  # noqa: E402
@@ -139,26 +138,6 @@ def chat_formatter(target: str, use_template: bool):
 
 # --------------------------------------------------------------------------------------------------
 # machine
-
-
-def cpu_info() -> dict:
-    """CPU model, cores and the SIMD / matrix flags (lscpu) that decide a forward pass's speed."""
-    info: dict = {"model": None, "cores": len(os.sched_getaffinity(0)), "flags": []}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    flags: set[str] = set()
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name" and info["model"] is None:
-            info["model"] = value.strip()
-        elif key.strip() == "Flags":
-            flags = set(value.split())
-    info["flags"] = sorted(f for f in flags if f == "avx2" or f.startswith("avx512") or f.startswith("amx"))
-    info["amx"] = any(f.startswith("amx") for f in flags)
-    info["load_average_start"] = list(os.getloadavg())
-    return info
 
 
 # --------------------------------------------------------------------------------------------------

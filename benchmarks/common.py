@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,6 +24,26 @@ import torch
 # two prose, two code prompts: kept once, in the package (`specdec bench --dataset short` sends them too)
 PROMPTS = json.loads((Path(__file__).resolve().parents[1] / "specdec/assets/prompts/short.json").read_text())["prompts"]
 SMOKE_PROMPTS = [PROMPTS[0], PROMPTS[2]]  # one prose, one code
+
+
+def cpu_info() -> dict:
+    """CPU model, cores and the SIMD / matrix flags (lscpu) that decide a forward pass's speed."""
+    info: dict = {"model": None, "cores": len(os.sched_getaffinity(0)), "flags": []}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    flags: set[str] = set()
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name" and info["model"] is None:
+            info["model"] = value.strip()
+        elif key.strip() == "Flags":
+            flags = set(value.split())
+    info["flags"] = sorted(f for f in flags if f == "avx2" or f.startswith("avx512") or f.startswith("amx"))
+    info["amx"] = any(f.startswith("amx") for f in flags)
+    info["load_average_start"] = list(os.getloadavg())
+    return info
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """gRPC clients of the draft and target services, with the worker interface the loop expects.
 
-Each client remembers how much of each sequence's committed history the service holds and sends
-only the rest. A service that lost the sequence answers NOT_FOUND and gets the whole history; an
+Each client remembers the history it last sent for each sequence and sends only what follows the
+part the new history shares with it (a lookahead's history carries drafts that a verification may
+then replace: the shared part ends where they differ). A service that lost the sequence answers NOT_FOUND and gets the whole history; an
 unavailable service (restart) is retried until ``retry_seconds`` run out. Losing a cache costs a
 recompute, never correctness.
 """
@@ -56,6 +57,14 @@ def _metadata() -> dict:
     return {} if hint is None else {"metadata": ((BATCH_HINT_KEY, hint),)}
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (the history grew), compared in C
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
 class _RemoteBackend:
     role = "backend"
     phase = "call"  # the metrics' name of the round phase this service runs
@@ -65,7 +74,7 @@ class _RemoteBackend:
         self.address = address
         self.channel = security.channel(address, options=channel_options())  # TLS per --backend-tls-*
         self.retry_seconds = retry_seconds
-        self._held: dict[str, int] = {}  # sequence id -> committed tokens the service holds
+        self._held: dict[str, list[int]] = {}  # sequence id -> the history last sent (the service holds it)
         self._lock = threading.Lock()
         self._deadlines: dict[str, float] = {}  # sequence id -> the request's deadline (monotonic)
         self.call_timeout: float | None = None  # a deadline of each call of its own (the draft's, with fallback)
@@ -93,8 +102,7 @@ class _RemoteBackend:
         with self._lock:
             # Known from the first attempt on: a first call that fails after the service created the
             # sequence (deadline, cancel) must still be released, not left to the idle expiry.
-            start = self._held.setdefault(sequence_id, 0)
-        start = min(start, len(token_ids))
+            start = shared_prefix(self._held.setdefault(sequence_id, []), token_ids)
         give_up = time.monotonic() + self.retry_seconds
         delay = 0.05
         while True:
@@ -104,7 +112,7 @@ class _RemoteBackend:
                                **_metadata())
                 gateway_series(self.model_name).call(self.phase).observe(time.monotonic() - began)
                 with self._lock:
-                    self._held[sequence_id] = len(token_ids)
+                    self._held[sequence_id] = list(token_ids)
                 return response
             except grpc.RpcError as err:
                 error = error_from_rpc(err, f"{self.role} service: ")

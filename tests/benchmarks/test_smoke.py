@@ -67,6 +67,13 @@ CONCURRENCY = Expected(
     {"target", "speculative_config", "dtype", "max_tokens", "streams", "requests_per_stream", "prompts",
      "grouped_over_loops", "grouped_over_target_alone", "p99_gap_ratio_8_over_1", "repeats"},
     numeric=["tokens/s", "x 1 stream", "batch/streams"])
+OVERLAP = Expected(
+    "bench_overlap.py", ["setup", "tokens/s", "x target alone", "x sequential", "identical", "acceptance", "tokens/round",
+                         "propose ms", "verify ms", "lookaheads won", "bound", "of bound"], "setup",
+    ["target alone", "model draft k=2, sequential", "model draft k=2, overlapped"],
+    {"target", "speculative_configs", "dtype", "max_tokens", "repeats", "prompts", "cpu", "pinning",
+     "goal_overlap_over_sequential_ge_1_3", "details"},
+    numeric=["tokens/s", "x target alone"])
 DEFAULT_PAIR = Expected(
     "bench_default_pair.py", ["setup", "tokens/s", "speedup", "acceptance", "tokens/pass"], "setup",
     ["target alone (float32), served", "specdec k=1, target float32, draft bfloat16",
@@ -143,13 +150,22 @@ def check_concurrency(data: dict) -> None:
     assert set(data["grouped_over_loops"]) == {"1", "2"}  # (JSON keys)
 
 
+def check_overlap(data: dict) -> None:
+    base, seq, ovl = data["rows"]
+    assert all(r["identical"] for r in data["rows"])
+    # the same drafts either way (greedy): only when they are drafted differs
+    assert ovl["acceptance"] == seq["acceptance"] and ovl["tokens/round"] == seq["tokens/round"]
+    assert data["details"][ovl["setup"]]["lookaheads"] > 0
+    assert isinstance(ovl["bound"], float) and isinstance(seq["bound"], float)
+
+
 def check_default_pair(data: dict) -> None:
     assert data["best"]["setup"] == DEFAULT_PAIR.labels[1]
 
 
 @pytest.mark.parametrize("exp, extra", [pytest.param(e, f, id=e.script) for e, f in [
     (OFFLINE, check_offline), (SERVING, check_serving), (TLI, check_tli), (DRAFT_STEP, check_draft_step),
-    (CONCURRENCY, check_concurrency)]])
+    (CONCURRENCY, check_concurrency), (OVERLAP, check_overlap)]])
 def test_smoke(exp: Expected, extra, tmp_path):
     stdout, data = run_smoke(exp, tmp_path)
     check(exp, stdout, data)

@@ -109,3 +109,13 @@ def test_a_service_that_cannot_serve_is_backend_unavailable_not_an_internal_erro
             client.verify("s", [1], Proposal([]), SamplingParams(temperature=0))
     finally:
         client.close()
+
+
+def test_a_client_sends_what_follows_the_history_it_last_sent():
+    from gateway.clients import shared_prefix
+
+    assert shared_prefix([], [1, 2]) == 0
+    assert shared_prefix([1, 2], [1, 2, 3]) == 2  # the history grew: send [3]
+    assert shared_prefix([1, 2, 3, 4], [1, 2, 3]) == 3
+    assert shared_prefix([1, 2, 8, 9], [1, 2, 3, 4, 5]) == 2  # a lookahead's drafts [8, 9] lost: resend from 3
+    assert shared_prefix([5], [6]) == 0

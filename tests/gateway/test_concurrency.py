@@ -188,8 +188,13 @@ def test_overlapped_streams_match_the_target_alone_and_lookaheads_batch_whole(se
     with _Records(gw.backend, stack.target.backend, stack.draft.backend, wait_for=NUM_STREAMS) as rec:
         with ThreadPoolExecutor(NUM_STREAMS) as pool:
             together = list(pool.map(lambda r: generate(stub, r), requests))
-    for req, out in zip(requests, together):
+    plain = [generate(gen_stub, r) for r in requests]  # sequential rounds, one stream at a time
+    for req, out, seq in zip(requests, together, plain):
         assert (out.text, out.token_ids) == offline_greedy(target_llm, req.prompt, req.max_tokens), req.request_id
+        # greedy drafting proposes the same tokens whether drafted ahead or not: the draft service saw every
+        # history right (a lookahead's drafts, replaced by a verification, never leaked into the next call)
+        assert (out.last.stats.num_draft_tokens, out.last.stats.num_accepted_tokens) == (
+            seq.last.stats.num_draft_tokens, seq.last.stats.num_accepted_tokens), req.request_id
     won, lost = _lookaheads("used") - used, _lookaheads("dropped") - dropped
     assert won > 0 and lost > 0, (won, lost)
     # one target batch per step, as without overlap; the draft ran the lookaheads as whole batches too
