@@ -12,6 +12,7 @@ from specdec.decoding import Lookahead, decode, group_round, speculative_round
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
+from tests.gateway.test_served_distribution import word_pair  # noqa: F401 - fixture
 
 
 class _Tok:
@@ -239,3 +240,70 @@ def test_overlap_is_greedy_identical_and_leaves_no_stale_cache(target_dir, good_
         # run has at that history: the dropped lookahead left no token or cache entry behind
         assert cached == plain[history], len(history)
         assert cached[:len(history)] == history
+
+
+# -- overlap with sampling: the word pair of tests/gateway/test_served_distribution.py ---------------
+
+N_OVERLAP_SAMPLES = 1500
+
+
+@pytest.fixture(scope="module")
+def word_triples(word_pair):  # noqa: F811
+    """(an LLM drafting probabilistically with overlap, k=1; the target's P(y, z) of output tokens 2 and 3;
+    the target's p(. | prompt, x, y) as [VOCAB] rows by (x, y)). The target drafts for itself: every draft
+    is accepted, and a bet wins whenever its first token drawn ahead equals the bonus token the target drew
+    (often: the word pair's continuations are peaky)."""
+    from transformers import LlamaForCausalLM
+
+    from tests.gateway.test_served_distribution import PARAMS, PROMPT_IDS, VOCAB, _next_token_probs
+
+    llm = LLM(str(word_pair.target_dir), speculative_config={
+        "method": "draft_model", "model": str(word_pair.target_dir), "num_speculative_tokens": 1,
+        "draft_sample_method": "probabilistic", "overlap": True}, dtype="float32")
+    ref = LlamaForCausalLM.from_pretrained(word_pair.target_dir).eval()
+    pairs = (word_pair.joint > 1e-7).nonzero().tolist()  # (x, y) with mass: the rest is below the test's reach
+    p2 = dict(zip(map(tuple, pairs), _next_token_probs(ref, [PROMPT_IDS + [x, y] for x, y in pairs], PARAMS)))
+    yz = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for (x, y), row in p2.items():
+        yz[y] += word_pair.joint[x, y] * row
+    return llm, yz / yz.sum(), p2
+
+
+def _sample(llm, n: int, seed: int):
+    """(counts of (y, z); the (x, y, z) of the samples whose token 3 was verified from a won bet)."""
+    from tests.gateway.test_served_distribution import PARAMS, PROMPT_IDS, VOCAB
+
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    won = []
+    for i in range(n):
+        # 4 tokens: round 2 (after x, y) still drafts one token, the lookahead's when the bet won
+        seq = llm.new_sequence(list(PROMPT_IDS), PARAMS.clone(max_tokens=4, ignore_eos=True, seed=seed + i))
+        list(llm.stream(seq))
+        x, y, z, _ = seq.output_token_ids
+        counts[y, z] += 1
+        if seq.stats.num_lookaheads_used:
+            won.append((x, y, z))
+    return counts, won
+
+
+def _won_pvalue(chi2_pvalue, won, p2) -> float:
+    """Token 3 of the won bets against the target's p(. | prompt, x, y), summed over those samples."""
+    observed = torch.zeros(next(iter(p2.values())).shape[0], dtype=torch.float64)
+    expected = torch.zeros_like(observed)
+    for x, y, z in won:
+        observed[z] += 1
+        expected += p2[(x, y)]
+    return chi2_pvalue(observed, expected / len(won))
+
+
+@pytest.mark.usefixtures("cached_model_loading")
+def test_overlapped_sampling_follows_the_target(word_triples, chi2_pvalue):
+    """Token 3 is a lookahead's whenever round 1's bonus y was the first token drawn ahead. (That its q row
+    is the one it was drawn from is checked exactly by the scripted CountingTarget above: a chi-square
+    negative control here, with q rows off by one, went undetected at 2,000 samples on this pair.)"""
+    llm, yz, p2 = word_triples
+    counts, won = _sample(llm, N_OVERLAP_SAMPLES, seed=7 * 10**6)
+    assert len(won) > 0.1 * N_OVERLAP_SAMPLES, f"won bets must be exercised ({len(won)})"
+    pv, pv_won = chi2_pvalue(counts, yz), _won_pvalue(chi2_pvalue, won, p2)
+    print(f"\nchi-square p={pv:.3g} (y, z), p={pv_won:.3g} (token 3 of {len(won)} won bets)")
+    assert pv >= 1e-3 and pv_won >= 1e-3, f"not the target's distribution with overlap: p={pv:.2e}, {pv_won:.2e}"
