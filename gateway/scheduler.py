@@ -7,7 +7,9 @@ Propose at once, waits for them, then every Verify at once (``specdec.decoding.g
 each call carries a batch hint (``specdec-batch: <group>:<size>`` metadata, see
 ``specdec.serving.batching``) so the service runs the whole phase as one batch instead of guessing
 with a timer. Sequences join at the next step and leave when they finish, fail or are cancelled;
-each request still streams its tokens as soon as its round is verified.
+each request still streams its tokens as soon as its round is verified. With overlap, a step's
+lookahead Proposes (``specdec.decoding.Lookahead``) run as a batched phase of their own beside its
+Verify phase.
 
 A slow consumer never stalls the group (its rounds queue up for it), nor does a cancelled one (it
 is dropped at the next step), nor a call that hangs: once a step has run for several times the usual
