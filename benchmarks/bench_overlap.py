@@ -22,6 +22,9 @@ Each measured ratio is reported as a fraction of its bound.
 
     python benchmarks/bench_overlap.py                          # default pair + model draft k=3
     python benchmarks/bench_overlap.py --max-tokens 96 --repeats 3
+    python benchmarks/bench_overlap.py --target gemma-3-270m --speculative-config \
+        '{"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 1, "use_heterogeneous_vocab": true}'
+                                                                # a draft half the target's cost (TLI)
     python benchmarks/bench_overlap.py --smoke                  # tiny random-weight pair, seconds
 """
 
@@ -211,9 +214,12 @@ def main() -> int:
         labels.append(("target alone", None, False))
         for i, spec in enumerate(specs):
             draft_port = free_port()
-            processes.append(Process("draft_service", ["--port", str(draft_port), *common, *draft_args(spec)],
+            tli = ["--target-tokenizer", target] if spec.get("use_heterogeneous_vocab") else []
+            processes.append(Process("draft_service", ["--port", str(draft_port), *common, *draft_args(spec), *tli],
                                      args.draft_cpu, logs / f"draft-{i}.log"))
             k = ["--num-speculative-tokens", str(spec.get("num_speculative_tokens", 1))]
+            if spec.get("use_heterogeneous_vocab"):  # TLI: the draft maps its proposals to the target's ids
+                k.append("--use-heterogeneous-vocab")
             short = spec_label(spec)
             for overlap in (False, True):
                 name = f"{short}, {'overlapped' if overlap else 'sequential'}"
@@ -302,7 +308,7 @@ def spec_label(spec: dict) -> str:
     if spec.get("method") == "ngram":
         return f"n-gram k={k}"
     kind = "hybrid" if spec.get("prompt_lookup_max") else "model draft"
-    return f"{kind} k={k}"
+    return f"{kind}{' (TLI)' if spec.get('use_heterogeneous_vocab') else ''} k={k}"
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ One ``torch.rand`` of ``vocab`` floats (+ a log) costs ~0.3 ms for 49,152 ids on
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -191,17 +192,21 @@ class RaggedBatch:
             generators=list(generators),
         )
 
+    @functools.cached_property
+    def host_offsets(self) -> tuple[list[int], list[int]]:
+        """(cu, q_cu) as host lists: row i's drafts start at cu[i] and its q rows at q_cu[i] (computed once:
+        the per-row rules read them for every row)."""
+        cu, q_cu = [0], [0]
+        for k, has_q in zip(self.num_draft_tokens, self.has_q):
+            cu.append(cu[-1] + k)
+            q_cu.append(q_cu[-1] + (k if has_q else 0))
+        return cu, q_cu
+
     def row(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Row i as the one-sequence rules take it: (draft ids [k], q [k, vocab] or None, target [k + 1, vocab])."""
-        cu = [0]
-        for k in self.num_draft_tokens:
-            cu.append(cu[-1] + k)
-        k = self.num_draft_tokens[i]
+        cu, q_cu = self.host_offsets
         draft = self.draft_token_ids[cu[i]:cu[i + 1]]
-        q = None
-        if self.has_q[i]:
-            start = sum(kk for kk, hq in zip(self.num_draft_tokens[:i], self.has_q[:i]) if hq)
-            q = self.draft_probs[start:start + k]
+        q = self.draft_probs[q_cu[i]:q_cu[i + 1]] if self.has_q[i] else None
         return draft, q, self.target[cu[i] + i: cu[i + 1] + i + 1]
 
 
@@ -214,9 +219,8 @@ def accept_rows(batch: RaggedBatch) -> torch.Tensor:
         if batch.is_greedy[i]:
             out.append(greedy_accept(draft, target.argmax(-1)))
         else:
-            k = batch.num_draft_tokens[i]
-            start = sum(batch.num_draft_tokens[:i])
-            u = batch.uniforms[start:start + k]
+            start, end = batch.host_offsets[0][i:i + 2]
+            u = batch.uniforms[start:end]
             out.append(accept_row(draft, q, target, u, batch.noise[batch.noise_row_list[i]]))
     return torch.tensor(out, dtype=torch.long).reshape(-1, 2).T
 
