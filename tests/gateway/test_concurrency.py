@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from gateway import scheduler as scheduler_module
 from specdec.serving import batching, metrics
 from tests import metrics_helpers
@@ -155,10 +157,12 @@ def test_a_stalled_or_cancelled_stream_never_stalls_the_others(stack, gen_stub):
     wait_released(stack.target, stack.draft)
 
 
-def test_one_loop_per_request_still_available(servers, stack, gen_stub):
-    """--no-group-rounds: each request runs its own loop (the mode bench_serving compares against)."""
-    gw = servers.gateway(stack.target, stack.draft, group_rounds=False)
-    assert gw.backend.scheduler is None
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
+def test_one_loop_per_request_still_available(servers, stack, gen_stub, overlap):
+    """--no-group-rounds: each request runs its own loop (the mode bench_serving compares against); with
+    --overlap each loop's lookaheads run on the gateway's pool."""
+    gw = servers.gateway(stack.target, stack.draft, group_rounds=False, overlap=overlap)
+    assert gw.backend.scheduler is None and (gw.backend._ahead_pool is not None) == overlap
     stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(gw))
     requests = _requests()[:3]
     with ThreadPoolExecutor(3) as pool:
@@ -201,19 +205,5 @@ def test_overlapped_streams_match_the_target_alone_and_lookaheads_batch_whole(se
     assert [sorted(b) for b in rec.target] == [sorted(g) for g in rec.steps]
     assert max(map(len, rec.draft)) == NUM_STREAMS
     assert all(h is not None for h in rec.hints)  # lookaheads carry their phase's batch hint too
-    servers.stop(gw)
-    wait_released(stack.target, stack.draft)
-
-
-def test_overlap_in_one_loop_per_request(servers, stack, gen_stub):
-    gw = servers.gateway(stack.target, stack.draft, overlap=True, group_rounds=False)
-    assert gw.backend.scheduler is None and gw.backend._ahead_pool is not None
-    stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(gw))
-    requests = _requests()[:3]
-    with ThreadPoolExecutor(3) as pool:
-        together = list(pool.map(lambda r: generate(stub, r), requests))
-    for req, out in zip(requests, together):
-        alone = generate(gen_stub, req)
-        assert (out.text, out.token_ids) == (alone.text, alone.token_ids), req.request_id
     servers.stop(gw)
     wait_released(stack.target, stack.draft)
