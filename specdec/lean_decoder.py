@@ -1,20 +1,22 @@
-"""A lean forward pass for Llama-family decoders, for drafts whose cost is mostly Python overhead.
+"""A lean forward pass for decoder-only causal LMs: Llama-family models here, Gemma-3 in ``lean_gemma3``.
 
-A draft is small: SmolLM2's shipped draft (4 layers, hidden 256) does ~16M multiply-adds per token,
-yet transformers' forward takes ~5.6 ms per token on 2 CPU cores, ~12% of the 135M target's step,
-because each of its ~40 modules per layer, its mask construction and its output objects cost Python
-time. ``LeanDecoder`` computes the same function with fused projections (q|k|v and gate|up), one
-scaled-dot-product-attention call per layer and no masks for one-token steps.
+transformers' forward spends Python time in each of its ~40 modules per layer, in its mask construction
+and in its output objects. A small draft's step is mostly that overhead; a target's pass of a few tokens is
+mostly reading the weights, where its matmuls take slow paths for few rows on CPU. ``LeanDecoder`` computes
+the same function with fused projections (q|k|v and gate|up), one scaled-dot-product-attention call per
+layer, masks only where a pass needs them, and :class:`specdec.lean_linear.LeanLinear` products (the
+fastest formulation per row count: a pass of 3-5 tokens costs little more than one).
 
-It reads the model's own parameters (fused copies of the projection weights are made once), speaks the
-same call as the transformers model (``input_ids``, ``position_ids``, a ``Cache`` whose layers have
-``update``, an optional additive ``attention_mask``, ``logits_to_keep``), and returns an object with
-``.logits``, so :class:`specdec.runner.ModelRunner` uses it in place of the model. Anything it does not
-support (another architecture, sliding windows, MLP biases, tensor-parallel splits) makes
-:func:`lean_decoder` return ``None`` with the reason, and the runner keeps the transformers forward.
+It reads the model's own parameters (fused copies of the projection weights, and oneDNN-reordered copies
+on CPU, are made once), speaks the same call as the transformers model (``input_ids``, ``position_ids``, a
+``Cache`` whose layers have ``update``, an optional ``attention_mask``: an additive or boolean
+``[batch, 1, query, key]`` tensor, or a dict of them by layer type, ``logits_to_keep``), and returns an
+object with ``.logits``, so :class:`specdec.runner.ModelRunner` uses it in place of the model. Anything it
+does not support (another architecture, MLP biases, tensor-parallel splits, rope that rescales with the
+length) makes :func:`unsupported_reason` say why and :func:`lean_decoder` return None; the runner then logs
+the reason and keeps the transformers forward.
 
-Its logits equal transformers' up to rounding (tests compare them); a draft's numbers never affect the
-output's correctness anyway, only its speed.
+Its logits equal transformers' up to rounding (tests compare them on tiny and real models, fp32 and bf16).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.models import skinny_linear
+from specdec.lean_linear import LeanLinear
 
+FULL, SLIDING = "full_attention", "sliding_attention"
 # model_type -> the transformers class-name prefix its modules use
 _SUPPORTED = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 
@@ -35,101 +38,197 @@ _SUPPORTED = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 @dataclass
 class _Layer:
     ln1: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: LeanLinear
+    o: LeanLinear
     ln2: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: LeanLinear
+    down: LeanLinear
+    kind: str = FULL
 
 
-def unsupported_reason(model: Any) -> str | None:
-    """Why :class:`LeanDecoder` cannot run ``model`` (None: it can)."""
-    cfg = model.config
-    prefix = _SUPPORTED.get(getattr(cfg, "model_type", None))
-    if prefix is None:
-        return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {sorted(_SUPPORTED)}"
-    if type(model).__name__ != f"{prefix}ForCausalLM":
-        return f"{type(model).__name__} is not {prefix}ForCausalLM"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r} is not silu"
-    if getattr(cfg, "pretraining_tp", 1) != 1:
-        return "pretraining_tp > 1"
-    if getattr(cfg, "mlp_bias", False):
-        return "MLP biases"
-    window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True) and (getattr(cfg, "layer_types", None) is None or any(
-            t != "full_attention" for t in cfg.layer_types)):
-        return "sliding-window attention"
-    rope = getattr(model.model.rotary_emb, "rope_type", "default")
-    if "dynamic" in rope or rope == "longrope":
-        return f"rope_type {rope!r} changes its frequencies with the length"
-    for layer in model.model.layers:
-        a, mlp = layer.self_attn, layer.mlp
-        if type(mlp).__name__ != f"{prefix}MLP" or type(a).__name__ != f"{prefix}Attention":
-            return f"layer modules {type(a).__name__}/{type(mlp).__name__} are not the standard ones"
-        if getattr(a, "sliding_window", None):
-            return "sliding-window attention"
+def fused(*modules: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights of ``modules`` (nn.Linear) stacked by output row, and their biases (zeros where one has none)."""
+    weight = torch.cat([m.weight for m in modules]).contiguous()
+    if all(m.bias is None for m in modules):
+        return weight, None
+    return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in modules])
+
+
+def rope_reason(rotary: Any) -> str | None:
+    """Why the model's rotary embedding cannot be evaluated once per pass (None: it can)."""
+    types = getattr(rotary, "rope_type", "default")
+    for rope in types.values() if isinstance(types, dict) else [types]:
+        if "dynamic" in rope or rope == "longrope":
+            return f"rope_type {rope!r} changes its frequencies with the length"
     return None
 
 
 class LeanDecoder:
-    """The forward pass of a Llama-family causal LM, callable like the model for cached inference."""
+    """The forward pass of a Llama-family causal LM, callable like the model for cached inference.
 
-    def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None):
-        reason = unsupported_reason(model)
+    The skeleton (embedding, rotary tables, masks, attention over the cache, final norm and LM head) is
+    shared with the Gemma-3 subclass, which overrides the per-architecture hooks ``_embed``, ``_norm``,
+    ``_build_layer``, ``_block`` and ``_rope``.
+    """
+
+    @classmethod
+    def unsupported_reason(cls, model: Any) -> str | None:
+        """Why this class cannot run ``model`` (None: it can)."""
+        cfg = model.config
+        prefix = _SUPPORTED.get(getattr(cfg, "model_type", None))
+        if prefix is None:
+            return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {sorted([*_SUPPORTED, 'gemma3_text'])}"
+        if type(model).__name__ != f"{prefix}ForCausalLM":
+            return f"{type(model).__name__} is not {prefix}ForCausalLM"
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            return f"hidden_act {cfg.hidden_act!r} is not silu"
+        if getattr(cfg, "pretraining_tp", 1) != 1:
+            return "pretraining_tp > 1"
+        if getattr(cfg, "mlp_bias", False):
+            return "MLP biases"
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True) and (getattr(cfg, "layer_types", None) is None or any(
+                t != FULL for t in cfg.layer_types)):
+            return "sliding-window attention"
+        reason = rope_reason(model.model.rotary_emb)
+        if reason:
+            return reason
+        for layer in model.model.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            if type(mlp).__name__ != f"{prefix}MLP" or type(a).__name__ != f"{prefix}Attention":
+                return f"layer modules {type(a).__name__}/{type(mlp).__name__} are not the standard ones"
+            if getattr(a, "sliding_window", None):
+                return "sliding-window attention"
+        return None
+
+    def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True):
+        reason = type(self).unsupported_reason(model)
         if reason is not None:
-            raise ValueError(f"LeanDecoder cannot run this model: {reason}")
+            raise ValueError(f"{type(self).__name__} cannot run this model: {reason}")
         cfg = model.config
         self.dtype = model.dtype
+        self.use_onednn = use_onednn
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
+        self.window: int | None = None  # the sliding window of SLIDING layers (subclasses)
+        self.softcap: float | None = None  # final logit softcapping (subclasses)
         self.embed = model.model.embed_tokens.weight
         self.rotary = model.model.rotary_emb
-        self.norm = model.model.norm.weight
-        self.lm_head = model.lm_head.weight
-        self.vocab_size = int(self.lm_head.shape[0])
+        self.vocab_size = int(model.lm_head.weight.shape[0])
         # A draft vocabulary (ids the draft may propose): only these rows of the LM head are computed;
         # the other logits are -inf. On SmolLM2's 49,152-token head this is most of a small draft's step.
         self.vocab_subset = None
+        head = model.lm_head.weight
         if vocab_subset is not None:
-            self.vocab_subset = vocab_subset.to(device=self.lm_head.device, dtype=torch.long)
-            self.lm_head = self.lm_head[self.vocab_subset].contiguous()
-        self.layers = []
+            self.vocab_subset = vocab_subset.to(device=head.device, dtype=torch.long)
+            head = head[self.vocab_subset].contiguous()
         with torch.no_grad():
-            for layer in model.model.layers:
-                a, mlp = layer.self_attn, layer.mlp
-                biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
-                qkv_bias = None
-                if any(b is not None for b in biases):
-                    qkv_bias = torch.cat([b if b is not None else p.weight.new_zeros(p.weight.shape[0])
-                                          for b, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj))])
-                self.layers.append(_Layer(
-                    ln1=layer.input_layernorm.weight,
-                    qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
-                    qkv_bias=qkv_bias,
-                    o=a.o_proj.weight,
-                    o_bias=a.o_proj.bias,
-                    ln2=layer.post_attention_layernorm.weight,
-                    gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
-                    down=mlp.down_proj.weight,
-                ))
+            self.lm_head = self.linear(head)
+            self.norm = self._norm_weight(model.model.norm.weight)
+            self.layers = [self._build_layer(layer) for layer in model.model.layers]
         self.scaling = model.model.layers[0].self_attn.scaling if self.layers else 1.0
         self.split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
-        self.intermediate = self.layers[0].gate_up.shape[0] // 2 if self.layers else 0
+        self.intermediate = self.layers[0].gate_up.out_features // 2 if self.layers else 0
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # as transformers' RMSNorm: normalise in fp32, scale in the model's dtype
+    # -- per-architecture hooks (Llama family here) --------------------------------------------------
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LeanLinear:
+        return LeanLinear(weight, bias, use_onednn=self.use_onednn)
+
+    def _build_layer(self, layer: Any) -> _Layer:
+        a, mlp = layer.self_attn, layer.mlp
+        return _Layer(
+            ln1=layer.input_layernorm.weight,
+            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj)),
+            o=self.linear(a.o_proj.weight, a.o_proj.bias),
+            ln2=layer.post_attention_layernorm.weight,
+            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0]),
+            down=self.linear(mlp.down_proj.weight),
+        )
+
+    def _norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # as transformers' LlamaRMSNorm: normalise in fp32, scale in the model's dtype
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed)
+
+    def _rope(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer kind: (cos, sin) [b, 1, n, head_dim]."""
+        cos, sin = self.rotary(x, position_ids)
+        return {FULL: (cos.unsqueeze(1), sin.unsqueeze(1))}
+
+    def _block(self, i: int, layer: _Layer, x: torch.Tensor, rope: dict, masks: dict, cache: Any) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = layer.qkv(self._norm(x, layer.ln1)).split(self.split, dim=-1)
+        q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        x = x + layer.o(self._attend(i, layer.kind, q, k, v, rope, masks, cache))
+        gate, up = layer.gate_up(self._norm(x, layer.ln2)).split(self.intermediate, dim=-1)
+        return x + layer.down(F.silu(gate) * up)
+
+    # -- the shared skeleton -------------------------------------------------------------------------
     @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _attend(self, i: int, kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: dict,
+                masks: dict, cache: Any) -> torch.Tensor:
+        """Rotate q [b, heads, n, d] and k [b, kv_heads, n, d], append k and v [b, kv_heads, n, d] to layer
+        ``i``'s cache, attend; returns [b, n, heads * d]."""
+        b, n = q.shape[0], q.shape[2]
+        cos, sin = rope[kind]
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        k, v = cache.layers[i].update(k, v)
+        mask, start = masks[kind]
+        if start:  # a sliding window: keys before it are never attended
+            k, v = k[:, :, start:], v[:, :, start:]
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
+                                              enable_gqa=self.kv_heads != self.heads)
+        return attn.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
+
+    def _masks(self, attention_mask: Any, position_ids: torch.Tensor, past: int, n: int) -> dict:
+        """Per layer kind: (mask or None, first key position attended). With no mask given (one sequence),
+        new tokens see the cache and the new tokens before them, and no more than the window on sliding layers
+        (whose keys before the window are cut off instead of masked). A given mask (a padded batch) is used as
+        is; a single tensor is narrowed to the window on sliding layers."""
+        kinds = {layer.kind for layer in self.layers}
+        device = position_ids.device
+        out = {}
+        for kind in kinds:
+            window = self.window if kind == SLIDING else None
+            if isinstance(attention_mask, dict):
+                out[kind] = (attention_mask[kind], 0)
+            elif attention_mask is not None:
+                out[kind] = (attention_mask if window is None else _narrow(attention_mask, position_ids, window), 0)
+            else:
+                start = max(0, past + 1 - window) if window else 0
+                if n == 1:  # one new token sees every key kept
+                    out[kind] = (None, start)
+                    continue
+                kv = torch.arange(start, past + n, device=device)  # absolute key positions
+                q = past + torch.arange(n, device=device)[:, None]
+                allowed = kv[None, :] <= q  # [n, keys]
+                if window:
+                    allowed &= kv[None, :] > q - window
+                out[kind] = (allowed, start)
+        return out
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self._norm(x, self.norm))
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        if self.vocab_subset is not None:
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+            full[..., self.vocab_subset] = logits
+            logits = full
+        return logits
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Any = None,
@@ -138,43 +237,42 @@ class LeanDecoder:
         cache = cache if cache is not None else past_key_values
         if cache is None:
             raise ValueError("LeanDecoder needs a cache (it serves cached inference only)")
-        if isinstance(attention_mask, dict):  # per-layer-type masks: every layer here is full attention
-            attention_mask = attention_mask["full_attention"]
-        b, n = input_ids.shape
-        # fp32 on CPU: few-row products as SkinnyLinear computes them (much faster there)
-        linear = skinny_linear if self.dtype == torch.float32 and input_ids.device.type == "cpu" else F.linear
-        x = F.embedding(input_ids, self.embed)
-        cos, sin = self.rotary(x, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, n, head_dim]
-        mask = attention_mask
-        if mask is None and n > 1:  # one sequence: new tokens see the cache and the new tokens before them
-            past = cache.get_seq_length()
-            kv_pos = torch.arange(past + n, device=x.device)
-            mask = kv_pos[None, :] <= (past + torch.arange(n, device=x.device))[:, None]  # [n, past + n] bool
+        n = input_ids.shape[1]
+        x = self._embed(input_ids)
+        rope = self._rope(x, position_ids)
+        masks = self._masks(attention_mask, position_ids, cache.get_seq_length() if attention_mask is None else 0, n)
         for i, layer in enumerate(self.layers):
-            h = self._rms(x, layer.ln1)
-            qkv = linear(h, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split(self.split, dim=-1)
-            q = self._rope(q.view(b, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = self._rope(k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            k, v = cache.layers[i].update(k, v)
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
-                                                  enable_gqa=self.kv_heads != self.heads)
-            x = x + linear(attn.transpose(1, 2).reshape(b, n, self.heads * self.head_dim), layer.o, layer.o_bias)
-            h = self._rms(x, layer.ln2)
-            gate, up = linear(h, layer.gate_up, None).split(self.intermediate, dim=-1)
-            x = x + linear(F.silu(gate) * up, layer.down, None)
+            x = self._block(i, layer, x, rope, masks, cache)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        logits = linear(self._rms(x, self.norm), self.lm_head, None)
-        if self.vocab_subset is not None:
-            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-            full[..., self.vocab_subset] = logits
-            logits = full
-        return SimpleNamespace(logits=logits)
+        return SimpleNamespace(logits=self._logits(x))
 
 
-def lean_decoder(model: Any, vocab_subset: torch.Tensor | None = None) -> LeanDecoder | None:
-    """A :class:`LeanDecoder` for ``model``, or None where it is unsupported."""
-    return LeanDecoder(model, vocab_subset) if unsupported_reason(model) is None else None
+def _narrow(mask: torch.Tensor, position_ids: torch.Tensor, window: int) -> torch.Tensor:
+    """A [b, 1, n, keys] mask (additive or boolean, key index = position) also hiding keys at or before
+    position - window."""
+    kv = torch.arange(mask.shape[-1], device=mask.device)
+    inside = kv > position_ids[:, None, :, None] - window  # [b, 1, n, keys]
+    if mask.dtype == torch.bool:
+        return mask & inside
+    return mask.masked_fill(~inside, torch.finfo(mask.dtype).min)
+
+
+def decoder_class(model: Any) -> type[LeanDecoder]:
+    """The lean decoder class for ``model``'s architecture (whether it supports this model or not)."""
+    if getattr(model.config, "model_type", None) == "gemma3_text":
+        from specdec.lean_gemma3 import LeanGemma3Decoder
+
+        return LeanGemma3Decoder
+    return LeanDecoder
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why no lean decoder can run ``model`` (None: one can)."""
+    return decoder_class(model).unsupported_reason(model)
+
+
+def lean_decoder(model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True) -> LeanDecoder | None:
+    """A lean decoder for ``model`` (see :func:`decoder_class`), or None where it is unsupported."""
+    cls = decoder_class(model)
+    return cls(model, vocab_subset, use_onednn) if cls.unsupported_reason(model) is None else None

@@ -99,9 +99,12 @@ class LLM:
         num_speculative_tokens: int | None = None,
         draft_dtype: str | None = None,
         kernels: str | None = None,
+        lean_forward: bool | None = None,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
-        "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto)."""
+        "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
+        ``lean_forward``: run both models through specdec's lean forward where their architecture allows
+        (default: yes, ``specdec.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward."""
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)
@@ -112,7 +115,8 @@ class LLM:
         self._rng = random.Random(seed)
         self.draft: LoadedModel | None = None
         self._draft_worker: DraftWorker | None = None
-        self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target"), kernels=kernels)
+        self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target",
+                                                       lean_forward=lean_forward), kernels=kernels)
         cfg = self.speculative_config
         if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
             if cfg.max_model_len is not None:
@@ -137,7 +141,8 @@ class LLM:
                                  proposals=cfg.tli_proposals, kernels=kernels)
             # With TLI the draft keeps its own logits; the adapter maps proposals to target ids.
             draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
-                                       logits_vocab_size=None if tli else self.target.vocab_size)
+                                       logits_vocab_size=None if tli else self.target.vocab_size,
+                                       lean_forward=lean_forward)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
                 self._draft_worker = HybridDraftWorker(self._draft_worker, *cfg.lookup_range())

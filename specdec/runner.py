@@ -8,6 +8,7 @@ sequence just recomputes it. ``specdec.workers`` builds the draft and target wor
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,10 +18,16 @@ import torch
 
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
 from specdec.kv_cache import BatchKVView, SequenceKVCache
-from specdec.lean_decoder import lean_decoder
+from specdec.lean_decoder import lean_decoder, unsupported_reason
 from specdec.models import LoadedModel, SkinnyLinear
 from specdec.sampling import make_generator
 from specdec.seeding import round_seed, stream_key
+
+logger = logging.getLogger(__name__)
+
+# Run passes through specdec.lean_decoder where the architecture allows (drafts and targets; see
+# ModelRunner). The one default of the services' --lean-forward / --no-lean-forward and LLM(lean_forward=).
+DEFAULT_LEAN_FORWARD = True
 
 
 @dataclass
@@ -64,28 +71,38 @@ class ModelRunner:
         params = inspect.signature(lm.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.lock = threading.RLock()
-        # A pass over 2 or 3 new tokens is padded to this many (the padding is scored, then dropped
-        # from the cache). fp32 F.linear with 2-3 rows takes a slow path on CPU (MKL): measured 1.7x
-        # (SmolLM2-135M) and 2.6x (Gemma-3-270M) the cost of one token, while 4 rows cost 1.3-1.6x.
-        # Models loaded by specdec use SkinnyLinear there instead, which makes 2-3 rows cheap: no padding.
-        if min_query_tokens is None:
-            slow_rows = lm.device.type == "cpu" and lm.dtype == torch.float32 and not any(
-                isinstance(m, SkinnyLinear) for m in lm.model.modules())
-            min_query_tokens = 4 if slow_rows else 1
-        self.min_query_tokens = min_query_tokens
-        # The network that runs the passes: specdec.lean_decoder.LeanDecoder where the architecture allows (by
-        # default for drafts, whose small steps are mostly Python overhead in transformers' forward),
-        # else the transformers model itself. Both take the same call and return ``.logits``.
+        # The network that runs the passes: a lean decoder (specdec.lean_decoder) where the architecture
+        # allows, else the transformers model itself. Both take the same call and return ``.logits``. The lean
+        # forward is the default for every role: a draft's small steps are mostly Python overhead in
+        # transformers' forward, and a target's passes of a few tokens mostly matmuls that the lean forward
+        # runs on faster paths (benchmarks/bench_lean_target.py).
         if lean_forward is None:
-            lean_forward = role == "draft"
+            lean_forward = DEFAULT_LEAN_FORWARD
         # A draft proposes only from its draft vocabulary, if its folder has one (the lean forward computes
         # just those logits; the transformers forward is masked to the same ids).
         self.vocab_subset = lm.draft_vocab if role == "draft" else None
-        self.net: Any = (lean_decoder(lm.model, self.vocab_subset) if lean_forward else None) or lm.model
+        self.net: Any = lm.model
+        if lean_forward:
+            reason = unsupported_reason(lm.model)
+            if reason is None:
+                self.net = lean_decoder(lm.model, self.vocab_subset)
+            else:
+                logger.info("%s %s: keeping transformers' forward, the lean forward does not support this model: %s",
+                            role, lm.name, reason)
         self._mask: torch.Tensor | None = None
         if self.vocab_subset is not None and self.net is lm.model:
             self._mask = torch.ones(lm.vocab_size, dtype=torch.bool, device=lm.device)
             self._mask[self.vocab_subset.to(lm.device)] = False
+        # A pass over 2 or 3 new tokens is padded to this many (the padding is scored, then dropped
+        # from the cache). fp32 F.linear with 2-3 rows takes a slow path on CPU (MKL): measured 1.7x
+        # (SmolLM2-135M) and 2.6x (Gemma-3-270M) the cost of one token, while 4 rows cost 1.3-1.6x.
+        # Models loaded by specdec use SkinnyLinear there instead, and the lean forward picks its products
+        # per row count (specdec.lean_linear), which makes 2-3 rows cheap: no padding.
+        if min_query_tokens is None:
+            slow_rows = self.net is lm.model and lm.device.type == "cpu" and lm.dtype == torch.float32 and not any(
+                isinstance(m, SkinnyLinear) for m in lm.model.modules())
+            min_query_tokens = 4 if slow_rows else 1
+        self.min_query_tokens = min_query_tokens
 
     # -- sequence bookkeeping ------------------------------------------------------------------
     def get_or_create(self, sequence_id: str, seed: int | None) -> _Sequence:
@@ -215,18 +232,21 @@ class ModelRunner:
             input_ids[row, : len(new)] = torch.tensor(new, dtype=torch.long)
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)  # [batch, width]
         positions = positions.clamp_max_(self.max_model_len - 1)  # padding columns stay in the model's range
+        # Only the columns some row needs logits for go through the LM head: [first, width).
+        first = min(len(new) - n for new, n in zip(new_token_ids, num_logits))
         out = self.net(
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=self._padded_masks(positions, max(starts) + width),
             use_cache=True,
+            logits_to_keep=width - first,
             **{self._cache_kwarg: view},
         )
         view.scatter_back([s.cache for s in seqs], lengths)
         results = []
         for row, (seq, new, n_logits) in enumerate(zip(seqs, new_token_ids, num_logits)):
             seq.tokens.extend(new)
-            logits = out.logits[row, len(new) - n_logits : len(new)].float()  # [n_logits, model_vocab]
+            logits = out.logits[row, len(new) - n_logits - first : len(new) - first].float()  # [n_logits, model_vocab]
             results.append(self._align_vocab(logits))
         return results
 

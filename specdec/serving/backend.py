@@ -16,7 +16,7 @@ from specdec.errors import InvalidRequestError, SequenceNotFoundError
 from specdec.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
-from specdec.runner import ModelRunner, set_num_threads
+from specdec.runner import DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
 from specdec.serving.metrics import ServiceMetrics, set_build_info
@@ -44,6 +44,10 @@ class BackendConfig:
     batch_wait_ms: float = field(default=10.0, metadata={"help": "when idle, a batch waits up to this long for sequences "
                                                               "that are mid round trip (0: never wait); a lone stream never waits"})
     num_threads: int = field(default=0, metadata={"help": "CPU threads for this service's forward passes (0: all cores it may use)"})
+    lean_forward: bool = field(default=DEFAULT_LEAN_FORWARD, metadata={
+        "help": "run forward passes through specdec's lean forward where the model's architecture allows it (Llama "
+                "family, Gemma-3; else transformers' forward, the reason logged); --no-lean-forward: transformers' "
+                "forward always"})
 
 
 def cpu_threads(requested: int) -> int:
@@ -96,7 +100,8 @@ class Backend:
             return
         limit = model_max_len(self.lm)
         self.max_model_len = min(cfg.max_model_len or limit, limit)
-        self.runner = ModelRunner(self.lm, self.max_model_len, role=self.role, max_sequences=cfg.max_sequences)
+        self.runner = ModelRunner(self.lm, self.max_model_len, role=self.role, max_sequences=cfg.max_sequences,
+                                  lean_forward=cfg.lean_forward)
         if self.role == "draft":
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)

@@ -78,10 +78,11 @@ EVERY_CONFIG = {
                            "draft_breaker_failures": 5, "draft_breaker_reset_seconds": 10},
                 "readinessPath": "/health"},
     "draft": {"config": {"dtype": "bfloat16", "device": "cpu", "max_sequences": 512, "sequence_ttl_seconds": 300,
-                         "max_batch_size": 32, "batch_wait_ms": 5, "num_threads": 3, "draft_top_n": 128}},
+                         "max_batch_size": 32, "batch_wait_ms": 5, "num_threads": 3, "draft_top_n": 128,
+                         "lean_forward": False}},
     "target": {"config": {"dtype": "float32", "device": "cpu", "revision": "main", "max_sequences": 100000000,
                           "sequence_ttl_seconds": 600.5, "max_batch_size": 8, "batch_wait_ms": 0,
-                          "num_threads": 2}},
+                          "num_threads": 2, "lean_forward": False}},
 }
 
 CASES = {
