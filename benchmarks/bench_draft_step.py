@@ -8,8 +8,9 @@ framework overhead and its vocabulary projection, not its decoder. Rows, for the
 - the lean forward over the draft's vocabulary (``draft_vocab.json``; what specdec runs by default),
 
 each in fp32 and bf16, through ``ModelRunner`` exactly as the draft worker calls it (one token per
-step, KV cache, logits out). The target rows give one-token and (k+1)-token passes, the cost a draft
-step is measured against (c = draft step / target step).
+step, KV cache, logits out). The target rows give one-token and (k+1)-token passes in the target's
+default runtime (the lean forward where it supports the model), the cost a draft step is measured
+against (c = draft step / target step).
 
     python benchmarks/bench_draft_step.py --reps 40
     python benchmarks/bench_draft_step.py --smoke   # tiny random-weight pair, seconds: checks the script runs
@@ -58,7 +59,8 @@ def main() -> int:
         runner = ModelRunner(target, max_len, role="target")
         one, verify = step_ms(runner, 1, args.context, args.reps), step_ms(runner, args.k + 1, args.context, args.reps)
         target_ms[dtype] = one
-        rows.append({"model": f"target {Path(args.target).name}", "dtype": dtype, "runtime": "transformers",
+        runtime = "transformers" if runner.net is target.model else "lean"  # the target's default runtime
+        rows.append({"model": f"target {Path(args.target).name}", "dtype": dtype, "runtime": runtime,
                      "vocab rows": target.vocab_size, "ms/pass": one, f"ms/{args.k + 1}-token pass": verify})
         del runner, target
     for dtype in ("float32", "bfloat16"):

@@ -74,6 +74,11 @@ OVERLAP = Expected(
     {"target", "speculative_configs", "dtype", "max_tokens", "repeats", "prompts", "cpu", "pinning",
      "goal_overlap_over_sequential_ge_1_3", "details"},
     numeric=["tokens/s", "x target alone"])
+LEAN_TARGET = Expected(
+    "bench_lean_target.py", ["model", "dtype", "runtime", "ms/1-token pass", "ms/5-token pass", "5 / 1", "tokens/s",
+                             "x transformers", "identical"], "model",
+    ["target"] * 5 + ["gemma3"] * 5,  # the tiny Llama and Gemma-3 folders' names
+    {"cpu", "args", "lean_over_transformers"}, numeric=["ms/1-token pass", "ms/5-token pass", "tokens/s", "x transformers"])
 DEFAULT_PAIR = Expected(
     "bench_default_pair.py", ["setup", "tokens/s", "speedup", "acceptance", "tokens/pass"], "setup",
     ["target alone (float32), served", "specdec k=1, target float32, draft bfloat16",
@@ -137,7 +142,7 @@ def check_tli(data: dict) -> None:
 
 def check_draft_step(data: dict) -> None:
     rows = data["rows"]
-    assert [(r["dtype"], r["runtime"]) for r in rows] == [("float32", "transformers"), ("bfloat16", "transformers")] + [
+    assert [(r["dtype"], r["runtime"]) for r in rows] == [("float32", "lean"), ("bfloat16", "lean")] + [
         (dtype, runtime) for dtype in ("float32", "bfloat16") for runtime in ("transformers", "lean", "lean + draft vocab")]
     assert all(isinstance(r["ms/5-token pass"], float) for r in rows[:2])
     assert all(isinstance(r["c (fp32 target)"], float) and isinstance(r["c (bf16 target)"], float) for r in rows[2:])
@@ -159,13 +164,22 @@ def check_overlap(data: dict) -> None:
     assert isinstance(ovl["bound"], float) and isinstance(seq["bound"], float)
 
 
+def check_lean_target(data: dict) -> None:
+    runtimes = [("float32", "transformers"), ("float32", "transformers, nn.Linear"), ("float32", "lean"),
+                ("bfloat16", "transformers"), ("bfloat16", "lean")]
+    assert [(r["dtype"], r["runtime"]) for r in data["rows"]] == runtimes * 2
+    assert all(r["identical"] for r in data["rows"] if r["dtype"] == "float32")  # the same greedy tokens
+    assert set(data["lean_over_transformers"]) == {f"{m} {d}" for m in ("target", "gemma3") for d in ("float32", "bfloat16")}
+    assert {"model", "cores", "flags", "load_average_start", "load_average_end"} <= set(data["cpu"])
+
+
 def check_default_pair(data: dict) -> None:
     assert data["best"]["setup"] == DEFAULT_PAIR.labels[1]
 
 
 @pytest.mark.parametrize("exp, extra", [pytest.param(e, f, id=e.script) for e, f in [
     (OFFLINE, check_offline), (SERVING, check_serving), (TLI, check_tli), (DRAFT_STEP, check_draft_step),
-    (CONCURRENCY, check_concurrency), (OVERLAP, check_overlap)]])
+    (CONCURRENCY, check_concurrency), (OVERLAP, check_overlap), (LEAN_TARGET, check_lean_target)]])
 def test_smoke(exp: Expected, extra, tmp_path):
     stdout, data = run_smoke(exp, tmp_path)
     check(exp, stdout, data)
