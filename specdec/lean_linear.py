@@ -3,19 +3,22 @@
 A decoder pass over a few tokens is bound by reading the weights, so scoring 3-5 tokens should cost about
 what one token costs. On CPU it does not with one formulation for every row count. Measured on 2 AVX-512
 cores (AMD EPYC, no AMX; torch 2.13: MKL 2024.2, oneDNN 3.12), weights cold in cache as in a real pass,
-milliseconds per product at 1 thread (2 threads rank the formulations the same way):
+milliseconds per product at 1 thread (2 threads rank the formulations the same way; the gate|up
+projection, 3,072 x 576, too: fp32 skinny 0.38 / 0.37 / 0.52 / 0.66 ms for 1 / 2 / 3 / 5 rows, oneDNN 0.56 /
+0.74 / 0.60 / 0.48):
 
-============================  ======  ======  ======  ======  ======
+============================  ======  ======  ======  ======  =======
 SmolLM2's 49,152 x 576 head   1 row   2 rows  3 rows  5 rows  16 rows
-============================  ======  ======  ======  ======  ======
-fp32 ``F.linear`` (MKL)        11.5    27.1    43.9    20.4    30.0
-fp32 ``w @ x.T`` (skinny)       5.7     6.5    19.0    10.3    31.3
-fp32 oneDNN, packed weight      8.5    10.9    10.2     6.8    13.0
-bf16 ``F.linear``               9.6     8.0     8.9     8.2      --
-bf16 oneDNN, packed weight      5.6     5.5     4.5     3.4     4.2
-============================  ======  ======  ======  ======  ======
+============================  ======  ======  ======  ======  =======
+fp32 ``F.linear`` (MKL)        11.7    27.7    43.1    21.5    28.1
+fp32 ``w @ x.T`` (skinny)       6.2     6.7     8.6    10.9    32.4
+fp32 oneDNN, packed weight      8.5    10.7     7.9     7.1    12.2
+bf16 ``F.linear``               9.2     7.7     7.6     8.9    11.6
+bf16 oneDNN, packed weight      5.5     4.9     4.2     4.0     7.4
+============================  ======  ======  ======  ======  =======
 
-The decoder's own projections (q|k|v, gate|up, down) rank the same way. So: fp32 products of 1-2 rows run as
+The decoder's own projections rank about the same way (at 3 rows skinny and oneDNN are close product by
+product; a whole fp32 SmolLM2 pass of 3 tokens took 46 ms with oneDNN there, 63 ms with skinny). So: fp32 products of 1-2 rows run as
 :func:`specdec.models.skinny_linear`, and of 3 rows or more, and every bf16 product, through oneDNN on a weight
 reordered once into its blocked layout (``torch.ops.mkldnn``, what torch's own compiler uses for frozen CPU
 linears). The reordered copy costs the weight's size again in memory. Where oneDNN is missing or refuses the
@@ -63,15 +66,16 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 class LeanLinear:
     """``F.linear(x, weight, bias)`` with the formulation that is fastest for ``x``'s row count (see the module).
 
-    ``weight`` stays the plain tensor (fp32 products of 1-2 rows read it); ``packed`` is its oneDNN copy.
+    ``packed`` is the weight's oneDNN copy; ``weight`` the plain tensor, kept where a product may read it
+    (fp32: products of 1-2 rows; anywhere without a packed copy), else dropped.
     """
 
     skinny_max_rows = 2  # fp32: up to this many rows, w @ x.T beats oneDNN (1 and 2 threads, measured)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, use_onednn: bool = True):
-        self.weight = weight
         self.bias = bias
         self.packed = pack(weight) if use_onednn else None
+        self.weight: torch.Tensor | None = weight if self.packed is None or weight.dtype == torch.float32 else None
         self.out_features = int(weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

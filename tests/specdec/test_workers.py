@@ -329,7 +329,8 @@ def test_runner_batched_pass_padded_to_four_rows_matches_single_passes(target_lm
 
 def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
     """load_model gives CPU fp32 models SkinnyLinear (cheap 2-8-row products), so runners do not pad;
-    a model whose Linear layers are plain keeps the padding."""
+    a model whose Linear layers are plain keeps the padding in transformers' forward, not in the lean one
+    (which picks its products per row count)."""
     import copy
 
     from specdec.models import SkinnyLinear
@@ -341,7 +342,9 @@ def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
     for m in plain.modules():
         if type(m) is SkinnyLinear:
             m.__class__ = torch.nn.Linear
-    assert ModelRunner(replace(target_lm, model=plain), max_model_len=128, role="target").min_query_tokens == 4
+    assert ModelRunner(replace(target_lm, model=plain), max_model_len=128, role="target",
+                       lean_forward=False).min_query_tokens == 4
+    assert ModelRunner(replace(target_lm, model=plain), max_model_len=128, role="target").min_query_tokens == 1
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 70])
