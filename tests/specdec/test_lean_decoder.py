@@ -65,13 +65,14 @@ def _ids(n, seed=0):
 
 
 def _passes(runner: ModelRunner) -> list[torch.Tensor]:
-    """A prefill, a multi-token pass, a one-token pass and a padded batch of two sequences."""
+    """A prefill, a multi-token pass, a one-token pass and padded batches of two sequences."""
     ids = _ids(60, 1)
     a, b = runner.get_or_create("a", 0), runner.get_or_create("b", 0)
     out = [runner.forward(a, ids[:30], 2), runner.forward(a, ids[30:34], 4), runner.forward(a, ids[34:35])]
     runner.forward(b, ids[40:50])
     out += runner.forward_batch([a, b], [ids[35:37], ids[50:53]], [2, 3])
     out.append(runner.forward(a, ids[37:38]))  # after the batch: the scattered cache is intact
+    out += runner.forward_batch([a, b], [ids[38:40], ids[53:56]], [1, 2])  # only columns 1-2 reach the LM head
     return out
 
 

@@ -302,6 +302,25 @@ def test_runner_pads_short_queries_without_changing_results(target_lm, n, num_lo
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("lean", [True, False])
+@pytest.mark.parametrize("num_logits", [(1, 1, 2), (3, 1, 1), (2, 4, 3)])
+def test_runner_batched_pass_scores_only_kept_columns(target_lm, lean, num_logits):
+    """A padded batch sends only the columns some row keeps logits for through the LM head (logits_to_keep);
+    every row's logits are those of its own one-sequence pass."""
+    batched = ModelRunner(target_lm, max_model_len=128, role="target", lean_forward=lean)
+    single = ModelRunner(target_lm, max_model_len=128, role="target", lean_forward=lean)
+    prompts = [_ids(8 + i, 30 + i) for i in range(3)]
+    news = [_ids(w, 40 + i) for i, w in enumerate((3, 4, 3))]
+    seqs = [batched.get_or_create(str(i), seed=0) for i in range(3)]
+    for seq, p in zip(seqs, prompts):
+        batched.forward(seq, p)
+    out = batched.forward_batch(seqs, news, list(num_logits))
+    for i, (p, new, n) in enumerate(zip(prompts, news, num_logits)):
+        ref_seq = single.get_or_create(str(i), seed=0)
+        single.forward(ref_seq, p)
+        torch.testing.assert_close(out[i], single.forward(ref_seq, new, num_logits=n), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("widths", [(1, 1), (1, 1, 1)])
 def test_runner_batched_pass_padded_to_four_rows_matches_single_passes(target_lm, widths):
     """A padded batch of fewer than 4 rows (fp32 CPU) gets extra columns; they are never scattered
