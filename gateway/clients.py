@@ -60,7 +60,7 @@ def _metadata() -> dict:
 def shared_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens ``a`` and ``b`` have in common."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case (the history grew), compared in C
+    if (a if n == len(a) else a[:n]) == (b if n == len(b) else b[:n]):  # usually: the history grew (one copy)
         return n
     return next(i for i in range(n) if a[i] != b[i])
 

@@ -210,19 +210,25 @@ class RaggedBatch:
         return draft, q, self.target[cu[i] + i: cu[i + 1] + i + 1]
 
 
-def accept_rows(batch: RaggedBatch) -> torch.Tensor:
-    """The same decisions as ``accept_batch``, row by row (``greedy_accept`` / ``accept_row``): fewer, bigger
-    tensor operations, which is faster on a CPU, where a host sync costs nothing → [2, batch] int64."""
+def per_row(batch: RaggedBatch, sampled_rule) -> torch.Tensor:
+    """Decide each row on its own: greedy rows by ``greedy_accept``, sampled rows by
+    ``sampled_rule(i, draft, q, target)`` → (num accepted, next token) → [2, batch] int64."""
     out = []
     for i in range(batch.batch_size):
         draft, q, target = batch.row(i)
         if batch.is_greedy[i]:
             out.append(greedy_accept(draft, target.argmax(-1)))
         else:
-            start, end = batch.host_offsets[0][i:i + 2]
-            u = batch.uniforms[start:end]
-            out.append(accept_row(draft, q, target, u, batch.noise[batch.noise_row_list[i]]))
+            out.append(sampled_rule(i, draft, q, target))
     return torch.tensor(out, dtype=torch.long).reshape(-1, 2).T
+
+
+def accept_rows(batch: RaggedBatch) -> torch.Tensor:
+    """The same decisions as ``accept_batch``, row by row (``greedy_accept`` / ``accept_row``): fewer, bigger
+    tensor operations, which is faster on a CPU, where a host sync costs nothing → [2, batch] int64."""
+    cu = batch.host_offsets[0]
+    return per_row(batch, lambda i, draft, q, target: accept_row(
+        draft, q, target, batch.uniforms[cu[i]:cu[i + 1]], batch.noise[batch.noise_row_list[i]]))
 
 
 def accept_batch(batch: RaggedBatch) -> torch.Tensor:

@@ -13,17 +13,10 @@ import torch
 def rowwise(rule):
     """A drop-in for ``specdec.workers.accept_batch`` that runs ``rule(draft, q, p, generator)`` on each
     sampled row of the batch (greedy rows keep the real greedy rule)."""
-    from specdec.rejection import greedy_accept
+    from specdec.rejection import per_row
 
     def accept_batch(batch, backend="torch"):
-        out = []
-        for i in range(batch.batch_size):
-            draft, q, target = batch.row(i)
-            if batch.is_greedy[i]:
-                out.append(greedy_accept(draft, target.argmax(-1)))
-            else:
-                out.append(rule(draft, q, target, batch.generators[i]))
-        return torch.tensor(out, dtype=torch.long).reshape(-1, 2).T
+        return per_row(batch, lambda i, draft, q, target: rule(draft, q, target, batch.generators[i]))
 
     accept_batch.__name__ = rule.__name__
     return accept_batch
