@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, json_path, plain_linears, print_table, write_json  # noqa: E402
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-from specdec.models import load_model  # noqa: E402
+from specdec.engine.models import load_model  # noqa: E402
 from specdec.entrypoints.serve import ServeConfig, start_stack  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 

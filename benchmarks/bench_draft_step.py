@@ -4,7 +4,7 @@ The draft's cost per speculative round is k steps; on 2 CPU cores a small draft'
 framework overhead and its vocabulary projection, not its decoder. Rows, for the embedded default pair:
 
 - the draft through transformers' forward (the full 49,152-row LM head),
-- the draft through specdec's lean forward (``specdec.lean_decoder``), full vocabulary,
+- the draft through specdec's lean forward (``specdec.engine.lean_decoder``), full vocabulary,
 - the lean forward over the draft's vocabulary (``draft_vocab.json``; what specdec runs by default),
 
 each in fp32 and bf16, through ``ModelRunner`` exactly as the draft worker calls it (one token per
@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, json_path, print_table, smoke_environment, smoke_models, step_ms, write_json  # noqa: E402
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-from specdec.lean_decoder import unsupported_reason  # noqa: E402
-from specdec.models import load_model  # noqa: E402
-from specdec.runner import ModelRunner  # noqa: E402
+from specdec.engine.lean_decoder import unsupported_reason  # noqa: E402
+from specdec.engine.models import load_model  # noqa: E402
+from specdec.engine.runner import ModelRunner  # noqa: E402
 
 
 def main() -> int:

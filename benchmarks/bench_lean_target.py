@@ -4,9 +4,9 @@ For each target (SmolLM2-135M: Llama; Gemma-3-270M: sliding-window and global la
 runtimes of the same loaded weights:
 
   * ``transformers``: transformers' forward as specdec runs it with ``--no-lean-forward`` (fp32 on CPU:
-    its ``nn.Linear`` layers are ``specdec.models.SkinnyLinear``);
+    its ``nn.Linear`` layers are ``specdec.engine.models.SkinnyLinear``);
   * ``transformers, nn.Linear`` (fp32 only; in bf16 it is the row above): transformers as shipped;
-  * ``lean``: ``specdec.lean_decoder`` (the default).
+  * ``lean``: ``specdec.engine.lean_decoder`` (the default).
 
 Columns: one pass of 1 and of k+1 new tokens after ``--context`` cached ones (median, through
 ``ModelRunner`` as the target worker calls it: a verification scores k+1 positions), their ratio (the cost
@@ -36,8 +36,8 @@ from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, cpu_info, json_path
                     smoke_environment, smoke_models, step_ms, write_json)
 
 from specdec import LLM, SamplingParams  # noqa: E402
-from specdec.lean_decoder import unsupported_reason  # noqa: E402
-from specdec.runner import ModelRunner  # noqa: E402
+from specdec.engine.lean_decoder import unsupported_reason  # noqa: E402
+from specdec.engine.runner import ModelRunner  # noqa: E402
 
 TARGETS = ["smollm2-135m", "gemma-3-270m"]
 RUNTIMES = {"float32": ["transformers", "transformers, nn.Linear", "lean"], "bfloat16": ["transformers", "lean"]}

@@ -29,7 +29,7 @@ from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, json_path, print_ta
 
 from specdec import LLM, SamplingParams  # noqa: E402
 from specdec.config import default_draft_path  # noqa: E402
-from specdec.runner import ModelRunner  # noqa: E402
+from specdec.engine.runner import ModelRunner  # noqa: E402
 
 COLUMNS = ["method", "tokens/s", "speedup", "acceptance", "tokens/round", "identical"]
 

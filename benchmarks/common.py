@@ -142,7 +142,7 @@ class plain_linears:
     (transformers as shipped), for baselines that should not get specdec's fp32 CPU matmul path."""
 
     def __init__(self, *models):
-        from specdec.models import SkinnyLinear
+        from specdec.engine.models import SkinnyLinear
 
         self.modules = [m for model in models for m in model.modules() if type(m) is SkinnyLinear]
         self.cls = SkinnyLinear
@@ -183,7 +183,7 @@ def smoke_models(root: str | Path, *, draft_vocab: bool = False, tli: bool = Fal
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from specdec.config import default_draft_path
-    from specdec.models import DRAFT_VOCAB_FILE
+    from specdec.engine.models import DRAFT_VOCAB_FILE
 
     src = default_draft_path()
     if src is None:

@@ -19,7 +19,7 @@ from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import Lookahead, decode
 from specdec.proposal import TokenLogprob, check_num_speculative_tokens
 from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
-from specdec.models import load_tokenizer
+from specdec.engine.models import load_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
 from specdec.serving import metrics

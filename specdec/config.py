@@ -161,7 +161,7 @@ DEFAULT_DRAFT = "smollm2-135m-draft"
 
 def default_draft_path():
     """The embedded default draft (distilled for smollm2-135m) shipped inside the package, if present."""
-    from specdec.models import SHIPPED_MODELS
+    from specdec.engine.models import SHIPPED_MODELS
 
     path = SHIPPED_MODELS[DEFAULT_DRAFT]
     return path if (path / "config.json").exists() else None

@@ -11,10 +11,10 @@ from typing import Any
 from specdec.adaptive import AdaptiveK, calibrate
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible, legacy_speculative_config
 from specdec.decoding import Lookahead, decode
-from specdec.runner import ModelRunner
-from specdec.workers import DraftWorker, TargetWorker
+from specdec.engine.runner import ModelRunner
+from specdec.engine.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
-from specdec.models import LoadedModel, load_model, model_max_len
+from specdec.engine.models import LoadedModel, load_model, model_max_len
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.proposal import TokenLogprob
 from specdec.sampling import SamplingParams, SpecDecodeStats
@@ -104,7 +104,7 @@ class LLM:
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
         "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
         ``lean_forward``: run both models through specdec's lean forward where their architecture allows
-        (default: yes, ``specdec.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward."""
+        (default: yes, ``specdec.engine.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward."""
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)

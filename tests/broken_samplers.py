@@ -1,8 +1,8 @@
 """Deliberately broken acceptance rules (drop-in replacements for ``specdec.rejection.rejection_sample``):
 negative controls that the statistical losslessness tests must reject.
 
-The target worker accepts a whole batch in one ``specdec.workers.accept_batch`` call; ``rowwise(rule)`` turns
-a one-row rule into that call's replacement: ``monkeypatch.setattr(specdec.workers, "accept_batch",
+The target worker accepts a whole batch in one ``specdec.engine.workers.accept_batch`` call; ``rowwise(rule)`` turns
+a one-row rule into that call's replacement: ``monkeypatch.setattr(specdec.engine.workers, "accept_batch",
 rowwise(recover_from_p))``."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 
 def rowwise(rule):
-    """A drop-in for ``specdec.workers.accept_batch`` that runs ``rule(draft, q, p, generator)`` on each
+    """A drop-in for ``specdec.engine.workers.accept_batch`` that runs ``rule(draft, q, p, generator)`` on each
     sampled row of the batch (greedy rows keep the real greedy rule)."""
     from specdec.rejection import per_row
 
@@ -49,7 +49,7 @@ def recover_from_p(draft_token_ids, draft_probs, target_probs, generator):
 
 
 def truncate_top_n_unnormalised(probs, top_n):
-    """BROKEN drop-in for ``specdec.workers.truncate_top_n``: keeps the top_n entries of q but forgets to
+    """BROKEN drop-in for ``specdec.engine.workers.truncate_top_n``: keeps the top_n entries of q but forgets to
     renormalise them. The draft still samples from the renormalised top-N (``torch.multinomial`` normalises
     its input), but the q it sends to the target sums to the kept mass c < 1: every acceptance ratio
     p(x) / q(x) is inflated by 1 / c and the residual max(p - q, 0) is too big."""

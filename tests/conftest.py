@@ -16,7 +16,7 @@ Everything here is session-scoped and built in a few seconds:
 * ``pki``                a test CA with server and client certificates (PEM files; see tests/tls_helpers.py).
 
 Every folder is a Hugging Face folder (config.json + safetensors + tokenizer), so it loads through
-``specdec.models.load_model(folder)``.
+``specdec.engine.models.load_model(folder)``.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def cached_model_loading():
         yield
         return
     import specdec.llm
-    from specdec.models import load_model, parse_dtype
+    from specdec.engine.models import load_model, parse_dtype
 
     def cached_load_model(name, dtype=None, device="cpu", revision=None):
         key = (str(name), parse_dtype(dtype, device), str(device), revision)

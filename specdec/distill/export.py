@@ -74,7 +74,7 @@ DRAFT_VOCAB_NOTE = "draft_vocab.json: specdec drafts over these ids only and com
 
 
 def write_draft_vocab(out: Path, ids: torch.Tensor | None, info: dict[str, Any] | None) -> None:
-    from specdec.models import DRAFT_VOCAB_FILE
+    from specdec.engine.models import DRAFT_VOCAB_FILE
 
     path = out / DRAFT_VOCAB_FILE
     if ids is None:

@@ -21,7 +21,7 @@ from specdec.distill.config import DistillConfig
 from specdec.distill.corpus import Dataset, prepare_data, separator_id
 from specdec.distill.onpolicy import GeneratedData
 from specdec.distill.teacher import TeacherCache, chunks_per_shard
-from specdec.models import load_model, model_construction, tokenizer_fingerprint
+from specdec.engine.models import load_model, model_construction, tokenizer_fingerprint
 
 logger = logging.getLogger("specdec.distill")  # one logger for the whole command
 
@@ -32,7 +32,7 @@ class Prepared:
 
     cfg: DistillConfig
     out: Path
-    target: Any  # the loaded target (specdec.models): .model is the teacher
+    target: Any  # the loaded target (specdec.engine.models): .model is the teacher
     data: Dataset
     vocab: int  # rows of the target's lm_head
     cache: TeacherCache  # teacher labels of the corpus chunks

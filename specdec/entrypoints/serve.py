@@ -67,7 +67,7 @@ def start_stack(cfg: ServeConfig) -> Stack:
     from target_service.server import create_server as create_target
 
     from specdec.serving.backend import cpu_threads
-    from specdec.runner import set_num_threads
+    from specdec.engine.runner import set_num_threads
     from specdec.serving.batching import ComputeThread
 
     spec = resolve_speculative_config(cfg)

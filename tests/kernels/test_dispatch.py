@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.dispatch import kernels_mode, resolve
-from specdec.models import parse_dtype
+from specdec.engine.models import parse_dtype
 
 
 def test_modes(monkeypatch):

@@ -4,7 +4,7 @@ import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_draft_path, default_speculative_config
-from specdec.models import load_model
+from specdec.engine.models import load_model
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +44,8 @@ def test_default_draft_runs_lean_over_its_draft_vocab():
     logits equal transformers' on those ids (the others are -inf)."""
     import torch
 
-    from specdec.runner import ModelRunner
-    from specdec.lean_decoder import LeanDecoder
+    from specdec.engine.runner import ModelRunner
+    from specdec.engine.lean_decoder import LeanDecoder
 
     draft = load_model(DEFAULT_DRAFT, dtype="float32")
     assert draft.draft_vocab is not None and len(draft.draft_vocab) == 16384

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-import specdec.workers
+import specdec.engine.workers
 from specdec import LLM, SamplingParams
 from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
@@ -99,7 +99,7 @@ def test_hybrid_greedy_equals_target_alone_and_uses_both(target_dir, good_draft_
 def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch):
     """First emitted token after a prompt whose lookup always matches: with n-gram proposals (no q)
     it follows p; accepting every proposal instead (the negative control) does not."""
-    from specdec.models import load_model
+    from specdec.engine.models import load_model
 
     lm = load_model(str(target_dir), dtype="float32")
     prompt = list(lm.tokenizer(REPEATING).input_ids)
@@ -120,7 +120,7 @@ def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_di
     counts = Counter(first_tokens(600))
     observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
     assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) > 1e-3
-    monkeypatch.setattr(specdec.workers, "accept_batch", rowwise(accept_always))
+    monkeypatch.setattr(specdec.engine.workers, "accept_batch", rowwise(accept_always))
     counts = Counter(first_tokens(600))
     observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
     assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) < 1e-3

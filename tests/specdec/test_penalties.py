@@ -17,7 +17,7 @@ import collections
 import pytest
 import torch
 
-import specdec.workers
+import specdec.engine.workers
 from specdec import LLM, SamplingParams
 from specdec.sampling import penalty_context
 from tests.gateway.test_served_distribution import PROMPT_IDS, VOCAB, word_pair  # noqa: F401 - fixture
@@ -152,7 +152,7 @@ def _prompt_counted(params, token_ids, eos_token_ids, drafts=()):
 @pytest.mark.parametrize("broken", [_drafts_not_counted, _prompt_counted], ids=["e-drafts-not-counted",
                                                                                "f-prompt-counted"])
 def test_negative_control_is_detected(word_llm, penalised_joint, chi2_pvalue, monkeypatch, broken):
-    monkeypatch.setattr(specdec.workers, "penalty_context", broken)
+    monkeypatch.setattr(specdec.engine.workers, "penalty_context", broken)
     counts, _ = sample_pairs(word_llm, N_NEGATIVE, seed=5 * 10**6)
     pv = chi2_pvalue(counts, penalised_joint)
     print(f"\n{broken.__name__}: chi-square p={pv:.3g}")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.models import load_model
+from specdec.engine.models import load_model
 from tests.requirements import require_package
 from tests.specdec.test_penalties import reference_greedy
 

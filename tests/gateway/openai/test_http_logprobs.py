@@ -203,11 +203,11 @@ def test_grpc_generate_returns_logprobs(http_stack, tokenizer, reference):
 
 def test_logprobs_cost_nothing_unless_asked(client, model, monkeypatch):
     """The target computes logprobs only for requests that ask (the field is unset on the wire otherwise)."""
-    import specdec.workers
+    import specdec.engine.workers
 
     calls = []
-    real = specdec.workers.token_logprobs
-    monkeypatch.setattr(specdec.workers, "token_logprobs", lambda *a: calls.append(a[1]) or real(*a))
+    real = specdec.engine.workers.token_logprobs
+    monkeypatch.setattr(specdec.engine.workers, "token_logprobs", lambda *a: calls.append(a[1]) or real(*a))
     client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=6, temperature=0)
     client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6)
     assert not calls

@@ -14,8 +14,8 @@ def test_draft_vocab_is_written_used_and_removed(setup):
     card reports their held-out coverage and the agreement drafting over them, the loaded draft drafts over
     them only; rerunning the finished command without the option re-exports and removes the file."""
     from specdec.entrypoints.cli import main
-    from specdec.runner import ModelRunner
-    from specdec.models import DRAFT_VOCAB_FILE, load_model
+    from specdec.engine.runner import ModelRunner
+    from specdec.engine.models import DRAFT_VOCAB_FILE, load_model
 
     root, corpus, target_dir = setup
     out = root / "draft-vocab"

@@ -9,7 +9,7 @@ from specdec.distill.onpolicy import generate_onpolicy
 
 def test_generate_onpolicy_is_the_targets_greedy_continuation_with_its_labels(setup):
     """The continuation equals HF greedy generation, and each position's labels equal a full forward's."""
-    from specdec.models import load_model
+    from specdec.engine.models import load_model
 
     _, _, target_dir = setup
     model = load_model(str(target_dir)).model

@@ -22,9 +22,9 @@ import collections
 import pytest
 import torch
 
-import specdec.workers
+import specdec.engine.workers
 from specdec import SamplingParams
-from specdec.workers import ProposeCall, VerifyCall
+from specdec.engine.workers import ProposeCall, VerifyCall
 from specdec.sampling import process_logits
 from specdec.tli.adapter import TLIAdapter
 from tests.specdec.tli.tiny_tli import last_logits, llm_over, pin_next_token_logits, real_tokenizers, tiny_llama
@@ -163,7 +163,7 @@ def test_first_token_follows_target_distribution(pair, chi2_pvalue, method, k, r
 @pytest.mark.parametrize("broken, method", [(accept_always, "probabilistic"), (recover_from_p, "greedy")])
 def test_negative_control_broken_acceptance_is_detected(pair, chi2_pvalue, monkeypatch, broken, method):
     """The same statistic, on samples from a broken acceptance rule, must reject."""
-    monkeypatch.setattr(specdec.workers, "accept_batch", rowwise(broken))
+    monkeypatch.setattr(specdec.engine.workers, "accept_batch", rowwise(broken))
     counts, _, _ = pair.sample_first_tokens(method, 2, rounds=10, seed=20_000)
     pv = pair.pvalue(chi2_pvalue, counts)
     assert pv < ALPHA, f"{broken.__name__}: a broken sampler passed the chi-square test (p={pv:.2e})"

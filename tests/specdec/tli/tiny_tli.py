@@ -1,13 +1,13 @@
 """Helpers for the TLI decoding/sampling/serving tests: the real tokenizer pair and tiny random models.
 
 * :func:`real_tokenizers` — Gemma-3-270M's (SentencePiece, 262,144) and SmolLM2-135M's (byte-level BPE,
-  49,152) tokenizers, loaded once per process through ``specdec.models.load_tokenizer`` (the same loader
+  49,152) tokenizers, loaded once per process through ``specdec.engine.models.load_tokenizer`` (the same loader
   the services use), so the per-tokenizer memo of ``analyze_tokenizer`` is shared by every test module.
 * :func:`tiny_llama` — a random-weight Llama with a given vocabulary size (no weights of a real model).
 * :func:`pin_next_token_logits` — rewrites lm_head rows so that, after one given context, chosen tokens get
   exactly the logits asked for: the draft/target disagreement at the first generated position is then
   designed, not left to chance, across two different vocabularies.
-* :func:`loaded_model` — a :class:`specdec.models.LoadedModel` around an in-memory model (no disk round trip).
+* :func:`loaded_model` — a :class:`specdec.engine.models.LoadedModel` around an in-memory model (no disk round trip).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def require_packages(*names: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _tokenizers():
-    from specdec.models import load_tokenizer
+    from specdec.engine.models import load_tokenizer
 
     return load_tokenizer(TARGET_NAME), load_tokenizer(DRAFT_NAME)
 
@@ -80,8 +80,8 @@ def pin_next_token_logits(model, input_ids: list[int], logits: dict[int, float])
 
 
 def loaded_model(name: str, model, tokenizer):
-    """A LoadedModel as ``specdec.models.load_model`` returns it, for an in-memory model."""
-    from specdec.models import LoadedModel
+    """A LoadedModel as ``specdec.engine.models.load_model`` returns it, for an in-memory model."""
+    from specdec.engine.models import LoadedModel
 
     eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=f"memory:{name}",

@@ -15,7 +15,7 @@ from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from kernels.dispatch import accept_batch, resolve
 from specdec.rejection import RaggedBatch
-from specdec.runner import ModelRunner, _Sequence
+from specdec.engine.runner import ModelRunner, _Sequence
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 
 

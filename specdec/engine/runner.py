@@ -2,7 +2,7 @@
 
 Every call carries the sequence's full token history; the runner feeds only what a sequence's cache
 lacks (common-prefix sync), so a caller never has to know what is cached, and a runner that lost a
-sequence just recomputes it. ``specdec.workers`` builds the draft and target workers on it.
+sequence just recomputes it. ``specdec.engine.workers`` builds the draft and target workers on it.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import Any
 import torch
 
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
-from specdec.kv_cache import BatchKVView, SequenceKVCache
-from specdec.lean_decoder import lean_decoder, unsupported_reason
-from specdec.models import LoadedModel, SkinnyLinear
+from specdec.engine.kv_cache import BatchKVView, SequenceKVCache
+from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
+from specdec.engine.models import LoadedModel, SkinnyLinear
 from specdec.sampling import make_generator
 from specdec.seeding import round_seed, stream_key
 
 logger = logging.getLogger(__name__)
 
-# Run passes through specdec.lean_decoder where the architecture allows (drafts and targets; see
+# Run passes through specdec.engine.lean_decoder where the architecture allows (drafts and targets; see
 # ModelRunner). The one default of the services' --lean-forward / --no-lean-forward and LLM(lean_forward=).
 DEFAULT_LEAN_FORWARD = True
 
@@ -71,7 +71,7 @@ class ModelRunner:
         params = inspect.signature(lm.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.lock = threading.RLock()
-        # The network that runs the passes: a lean decoder (specdec.lean_decoder) where the architecture
+        # The network that runs the passes: a lean decoder (specdec.engine.lean_decoder) where the architecture
         # allows, else the transformers model itself. Both take the same call and return ``.logits``. The lean
         # forward is the default for every role: a draft's small steps are mostly Python overhead in
         # transformers' forward, and a target's passes of a few tokens mostly matmuls that the lean forward
@@ -97,7 +97,7 @@ class ModelRunner:
         # from the cache). fp32 F.linear with 2-3 rows takes a slow path on CPU (MKL): measured 1.7x
         # (SmolLM2-135M) and 2.6x (Gemma-3-270M) the cost of one token, while 4 rows cost 1.3-1.6x.
         # Models loaded by specdec use SkinnyLinear there instead, and the lean forward picks its products
-        # per row count (specdec.lean_linear), which makes 2-3 rows cheap: no padding.
+        # per row count (specdec.engine.lean_linear), which makes 2-3 rows cheap: no padding.
         if min_query_tokens is None:
             slow_rows = self.net is lm.model and lm.device.type == "cpu" and lm.dtype == torch.float32 and not any(
                 isinstance(m, SkinnyLinear) for m in lm.model.modules())

@@ -14,13 +14,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-import specdec.workers as workers
+import specdec.engine.workers as workers
 from specdec import LLM, SamplingParams
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, check_num_speculative_tokens
-from specdec.runner import ModelRunner
-from specdec.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
+from specdec.engine.runner import ModelRunner
+from specdec.engine.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
-from specdec.models import load_model
+from specdec.engine.models import load_model
 from specdec.sampling import process_logits
 from specdec.sequence import SequenceState
 from tests.broken_samplers import accept_always, rowwise
@@ -352,7 +352,7 @@ def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
     (which picks its products per row count)."""
     import copy
 
-    from specdec.models import SkinnyLinear
+    from specdec.engine.models import SkinnyLinear
 
     linears = [m for m in target_lm.model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is SkinnyLinear for m in linears)
@@ -369,7 +369,7 @@ def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 70])
 @pytest.mark.parametrize("out_features", [24, 20000])
 def test_skinny_linear_equals_linear(rows, out_features):
-    from specdec.models import SkinnyLinear
+    from specdec.engine.models import SkinnyLinear
 
     torch.manual_seed(rows)
     ref = torch.nn.Linear(48, out_features, bias=out_features == 24)

@@ -4,14 +4,14 @@ transformers' forward spends Python time in each of its ~40 modules per layer, i
 and in its output objects. A small draft's step is mostly that overhead; a target's pass of a few tokens is
 mostly reading the weights, where its matmuls take slow paths for few rows on CPU. ``LeanDecoder`` computes
 the same function with fused projections (q|k|v and gate|up), one scaled-dot-product-attention call per
-layer, masks only where a pass needs them, and :class:`specdec.lean_linear.LeanLinear` products (the
+layer, masks only where a pass needs them, and :class:`specdec.engine.lean_linear.LeanLinear` products (the
 fastest formulation per row count: a pass of 3-5 tokens costs little more than one).
 
 It reads the model's own parameters (fused copies of the projection weights, and oneDNN-reordered copies
 on CPU, are made once), speaks the same call as the transformers model (``input_ids``, ``position_ids``, a
 ``Cache`` whose layers have ``update``, an optional ``attention_mask``: an additive or boolean
 ``[batch, 1, query, key]`` tensor, or a dict of them by layer type, ``logits_to_keep``), and returns an
-object with ``.logits``, so :class:`specdec.runner.ModelRunner` uses it in place of the model. Anything it
+object with ``.logits``, so :class:`specdec.engine.runner.ModelRunner` uses it in place of the model. Anything it
 does not support (another architecture, MLP biases, tensor-parallel splits, rope that rescales with the
 length) makes :func:`unsupported_reason` say why and :func:`lean_decoder` return None; the runner then logs
 the reason and keeps the transformers forward.
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.lean_linear import LeanLinear
+from specdec.engine.lean_linear import LeanLinear
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 # model_type -> the transformers class-name prefix its modules use
@@ -261,7 +261,7 @@ def _narrow(mask: torch.Tensor, position_ids: torch.Tensor, window: int) -> torc
 def decoder_class(model: Any) -> type[LeanDecoder]:
     """The lean decoder class for ``model``'s architecture (whether it supports this model or not)."""
     if getattr(model.config, "model_type", None) == "gemma3_text":
-        from specdec.lean_gemma3 import LeanGemma3Decoder
+        from specdec.engine.lean_gemma3 import LeanGemma3Decoder
 
         return LeanGemma3Decoder
     return LeanDecoder

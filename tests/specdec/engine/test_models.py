@@ -1,4 +1,4 @@
-"""specdec/models.py (resolution, dtypes, tokenizer fingerprints) and specdec/kv_cache.py (pointer rollback)."""
+"""specdec/engine/models.py (resolution, dtypes, tokenizer fingerprints) and specdec/engine/kv_cache.py (pointer rollback)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdec.errors import ModelNotFoundError, SpecDecError
-from specdec.kv_cache import SequenceKVCache
-from specdec.models import load_model, parse_dtype, resolve_model_path, tokenizer_fingerprint
+from specdec.engine.kv_cache import SequenceKVCache
+from specdec.engine.models import load_model, parse_dtype, resolve_model_path, tokenizer_fingerprint
 
 # --------------------------------------------------------------------------------------------------
 # resolution
@@ -220,7 +220,7 @@ def test_concurrent_loads_keep_weight_tying(tmp_path, tokenizer):
 
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-    from specdec.models import model_construction
+    from specdec.engine.models import model_construction
 
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
@@ -253,7 +253,7 @@ def test_construction_guard_repairs_tying_broken_outside_it():
     """A load outside specdec's lock that leaves tie_weights disabled is repaired by the next guarded one."""
     from transformers import PreTrainedModel
 
-    from specdec.models import model_construction
+    from specdec.engine.models import model_construction
 
     with model_construction():  # first guarded use records transformers' own method
         pass

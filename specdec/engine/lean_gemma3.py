@@ -1,6 +1,6 @@
 """The lean forward of Gemma-3 text models (``Gemma3ForCausalLM``, e.g. the built-in ``gemma-3-270m``).
 
-What differs from the Llama family (:mod:`specdec.lean_decoder` holds the shared skeleton), each as
+What differs from the Llama family (:mod:`specdec.engine.lean_decoder` holds the shared skeleton), each as
 transformers' ``modeling_gemma3`` computes it:
 
 * the embedding is scaled by sqrt(hidden_size), rounded to the model's dtype (the model's own
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.lean_decoder import FULL, SLIDING, LeanDecoder, LeanLinear, fused, rope_reason
+from specdec.engine.lean_decoder import FULL, SLIDING, LeanDecoder, LeanLinear, fused, rope_reason
 
 
 @dataclass

@@ -19,7 +19,7 @@ bf16 oneDNN, packed weight      5.5     4.9     4.2     4.0     7.4
 
 The decoder's own projections rank about the same way (at 3 rows skinny and oneDNN are close product by
 product; a whole fp32 SmolLM2 pass of 3 tokens took 46 ms with oneDNN there, 63 ms with skinny). So: fp32 products of 1-2 rows run as
-:func:`specdec.models.skinny_linear`, and of 3 rows or more, and every bf16 product, through oneDNN on a weight
+:func:`specdec.engine.models.skinny_linear`, and of 3 rows or more, and every bf16 product, through oneDNN on a weight
 reordered once into its blocked layout (``torch.ops.mkldnn``, what torch's own compiler uses for frozen CPU
 linears). The reordered copy costs the weight's size again in memory. Where oneDNN is missing or refuses the
 weight, and on other devices, the products stay ``F.linear`` / ``skinny_linear``; results differ from
@@ -33,7 +33,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from specdec.models import skinny_linear
+from specdec.engine.models import skinny_linear
 
 logger = logging.getLogger(__name__)
 

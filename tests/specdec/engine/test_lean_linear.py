@@ -1,4 +1,4 @@
-"""specdec.lean_linear: every formulation a lean product may pick computes F.linear."""
+"""specdec.engine.lean_linear: every formulation a lean product may pick computes F.linear."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec import lean_linear
-from specdec.lean_linear import LeanLinear, pack
+from specdec.engine.lean_linear import LeanLinear, pack
 
 
 def _weights(out_features: int, dtype: torch.dtype, bias: bool):
