@@ -80,6 +80,18 @@ class ResourceExhaustedError(SpecDecError):
     openai_code = "resource_exhausted"
 
 
+class SequencePreemptedError(SpecDecError):
+    """The service's KV pool ran out mid-generation and this sequence was preempted: its blocks were freed.
+
+    Nothing is lost: the caller waits a moment and resends the whole history (the service recomputes it,
+    mostly from its prefix cache). The gateway handles it; it reaches an HTTP client only if that fails."""
+
+    grpc_code = "ABORTED"
+    http_status = 503
+    openai_type = "service_unavailable"
+    openai_code = "kv_cache_preempted"
+
+
 class BackendUnavailableError(SpecDecError):
     """A draft or target service cannot be reached, or is still loading: retry later."""
 
@@ -123,6 +135,7 @@ DOMAIN_ERRORS: tuple[type[SpecDecError], ...] = (
     SequenceNotFoundError,
     ModelNotFoundError,
     ResourceExhaustedError,
+    SequencePreemptedError,
     BackendUnavailableError,
     ModelLoadError,  # a bare FAILED_PRECONDITION comes from a backend that cannot serve
     ConfigError,

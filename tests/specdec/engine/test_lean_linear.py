@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec import lean_linear
+from specdec.engine import lean_linear
 from specdec.engine.lean_linear import LeanLinear, pack
 
 
