@@ -1,6 +1,13 @@
-"""Per-sequence KV cache with a length pointer.
+"""The KV pool of a model runner (block tensors, a budget, statistics), and a per-sequence cache.
 
-Each layer keeps one pre-allocated buffer ``[1, kv_heads, capacity, head_dim]``. A forward pass
+``KVPool`` is what the runner keeps every sequence's keys and values in: per layer one tensor
+``[kv_heads, num_blocks * block_size, head_dim]`` for keys and one for values, allocated once (untouched
+pages cost no resident memory until written) and sized by a byte budget; :class:`specdec.engine.block_pool.BlockPool`
+keeps the books. Passes read the blocks in place (``specdec.engine.attention``).
+
+``SequenceKVCache`` below serves the transformers-forward fallback (architectures the lean forward does
+not cover): a pass gathers the sequence's history from the pool into one, runs transformers' model, and
+writes the new entries back. Each layer keeps one pre-allocated buffer ``[1, kv_heads, capacity, head_dim]``. A forward pass
 writes its new keys/values at ``[length, length + n)`` and attends over the view ``[:length + n]``.
 Rolling back after a rejection only moves the pointer: the rejected entries are overwritten by the
 next forward pass, never copied. The buffer grows geometrically (rarely: one copy per doubling).
@@ -12,10 +19,93 @@ so the result equals the reference, at the cost of some memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specdec.engine.block_pool import BlockPool
+
 _MIN_CAPACITY = 128
+# The defaults of the services' --block-size, --kv-cache-memory, --gpu-memory-utilization and
+# --enable-prefix-caching (vLLM's names), of LLM(...) and of the chart.
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_KV_CACHE_MEMORY = 2 * 1024**3
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_ENABLE_PREFIX_CACHING = True
+
+
+@dataclass
+class KVStats:
+    num_blocks: int
+    block_size: int
+    free_blocks: int  # free + cached blocks nobody holds
+    used_blocks: int  # held by live sequences
+    usage: float  # used_blocks / num_blocks
+    capacity_tokens: int
+    prefix_cache_queries: int  # tokens looked up in the prefix cache (cumulative)
+    prefix_cache_hits: int  # tokens found there (cumulative)
+    preemptions: int  # sequences preempted (cumulative)
+
+
+class KVPool:
+    """Every layer's keys and values in blocks, for one model: ``keys[i]``/``values[i]`` are
+    ``[kv_heads, num_blocks * block_size, head_dim]``; block b holds slots ``[b * block_size, (b + 1) * block_size)``."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        per_block = self.bytes_per_token(num_layers, kv_heads, head_dim, dtype) * block_size
+        num_blocks = int(budget_bytes // per_block)
+        if num_blocks < 1:
+            raise ValueError(f"a KV budget of {budget_bytes} bytes holds no block of {block_size} tokens "
+                             f"({per_block} bytes each): raise kv_cache_memory")
+        self.blocks = BlockPool(num_blocks, block_size, enable_prefix_caching)
+        slots = num_blocks * block_size
+        # torch.empty: pages become resident only when a pass writes them
+        self.key_data = torch.empty((num_layers, kv_heads, slots, head_dim), dtype=dtype, device=device)
+        self.value_data = torch.empty((num_layers, kv_heads, slots, head_dim), dtype=dtype, device=device)
+        self.keys = list(self.key_data.unbind(0))
+        self.values = list(self.value_data.unbind(0))
+        self.preemptions = 0
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.blocks.num_blocks * self.block_size
+
+    def copy_slots(self, src: int, dst: int, n: int) -> None:
+        """Copy the first ``n`` slots of block ``src`` into block ``dst``, every layer (copy-on-write)."""
+        bs = self.block_size
+        for data in (self.key_data, self.value_data):
+            data[:, :, dst * bs: dst * bs + n] = data[:, :, src * bs: src * bs + n]
+
+    def stats(self) -> KVStats:
+        b = self.blocks
+        return KVStats(num_blocks=b.num_blocks, block_size=b.block_size, free_blocks=b.num_free,
+                       used_blocks=b.num_used, usage=b.num_used / b.num_blocks, capacity_tokens=self.capacity_tokens,
+                       prefix_cache_queries=b.queries, prefix_cache_hits=b.hits, preemptions=self.preemptions)
+
+
+def kv_budget(device: torch.device, kv_cache_memory: int | None, gpu_memory_utilization: float) -> int:
+    """The KV pool's bytes: ``kv_cache_memory`` if set; on CUDA, ``gpu_memory_utilization`` of the device's
+    memory minus what is in use already (the weights); on CPU, DEFAULT_KV_CACHE_MEMORY."""
+    if kv_cache_memory is not None:
+        if kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0 bytes, got {kv_cache_memory}")
+        return int(kv_cache_memory)
+    if device.type == "cuda":
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        free, total = torch.cuda.mem_get_info(device)
+        return max(int(total * gpu_memory_utilization) - (total - free), 0)
+    return DEFAULT_KV_CACHE_MEMORY
 
 
 class _PointerLayer(CacheLayerMixin):
@@ -87,6 +177,16 @@ class SequenceKVCache(Cache):
     def length(self) -> int:
         return self.layers[0].length
 
+    def load(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Start from a copy of a history: per layer keys and values [1, kv_heads, length, head_dim]."""
+        for layer, k, v in zip(self.layers, keys, values):
+            layer.lazy_initialization(k, v)
+            n = k.shape[-2]
+            layer._reserve(n)
+            layer.keys[..., :n, :] = k
+            layer.values[..., :n, :] = v
+            layer.length = n
+
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cached positions (rollback by pointer; nothing is copied)."""
         if length > self.length:
@@ -96,73 +196,3 @@ class SequenceKVCache(Cache):
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
-
-
-class _BatchLayer(CacheLayerMixin):
-    """One layer of a padded batch view: rows are sequences with different cached lengths."""
-
-    is_compileable = False
-    is_sliding = False
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, starts: list[int]):
-        super().__init__()
-        self.keys, self.values, self.starts = keys, values, starts
-        self.is_initialized = True
-        self.device = keys.device
-
-    def lazy_initialization(self, key_states, value_states) -> None:  # pragma: no cover - built initialised
-        raise AssertionError("batch layers are built initialised")
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        n = key_states.shape[-2]
-        for row, start in enumerate(self.starts):
-            self.keys[row, :, start : start + n] = key_states[row]
-            self.values[row, :, start : start + n] = value_states[row]
-        return self.keys, self.values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[-2], 0
-
-    def get_seq_length(self) -> int:
-        return min(self.starts)
-
-    def get_max_length(self) -> int:
-        return self.keys.shape[-2]
-
-
-class BatchKVView(Cache):
-    """A padded ``[batch, heads, length, dim]`` copy of several sequences' caches for one forward pass.
-
-    Row ``i`` holds sequence ``i``'s cached positions ``[0, starts[i])``; the pass writes its new
-    keys/values at ``[starts[i], starts[i] + n)``. ``scatter_back`` copies the real new entries into
-    each sequence's own cache. The caller supplies the attention mask (padding differs per row).
-    """
-
-    def __init__(self, caches: list[SequenceKVCache], num_new: int):
-        starts = [c.length for c in caches]
-        length = max(starts) + num_new
-        layers = []
-        for li in range(len(caches[0].layers)):
-            ref = caches[0].layers[li]
-            if not ref.is_initialized:
-                raise ValueError("BatchKVView needs caches that hold at least one token")
-            shape = (len(caches), ref.keys.shape[1], length, ref.keys.shape[-1])
-            keys = ref.keys.new_zeros(shape)
-            values = ref.values.new_zeros((*shape[:3], ref.values.shape[-1]))
-            for row, cache in enumerate(caches):
-                layer = cache.layers[li]
-                keys[row, :, : layer.length] = layer.keys[0, :, : layer.length]
-                values[row, :, : layer.length] = layer.values[0, :, : layer.length]
-            layers.append(_BatchLayer(keys, values, starts))
-        super().__init__(layers=layers)
-        self.starts = starts
-
-    def scatter_back(self, caches: list[SequenceKVCache], num_new: list[int]) -> None:
-        for li, blayer in enumerate(self.layers):
-            for row, cache in enumerate(caches):
-                layer = cache.layers[li]
-                start, end = self.starts[row], self.starts[row] + num_new[row]
-                layer._reserve(end)
-                layer.keys[0, :, start:end] = blayer.keys[row, :, start:end]
-                layer.values[0, :, start:end] = blayer.values[row, :, start:end]
-                layer.length = end

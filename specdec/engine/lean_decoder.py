@@ -11,7 +11,8 @@ It reads the model's own parameters (fused copies of the projection weights, and
 on CPU, are made once), speaks the same call as the transformers model (``input_ids``, ``position_ids``, a
 ``Cache`` whose layers have ``update``, an optional ``attention_mask``: an additive or boolean
 ``[batch, 1, query, key]`` tensor, or a dict of them by layer type, ``logits_to_keep``), and returns an
-object with ``.logits``, so :class:`specdec.engine.runner.ModelRunner` uses it in place of the model. Anything it
+object with ``.logits``; the runner calls :meth:`LeanDecoder.forward_paged` instead, a ragged pass over its KV
+pool (``specdec.engine.attention``). Anything it
 does not support (another architecture, MLP biases, tensor-parallel splits, rope that rescales with the
 length) makes :func:`unsupported_reason` say why and :func:`lean_decoder` return None; the runner then logs
 the reason and keeps the transformers forward.
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specdec.engine.attention import PagedPass
 from specdec.engine.lean_linear import LeanLinear
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -185,6 +187,8 @@ class LeanDecoder:
         b, n = q.shape[0], q.shape[2]
         cos, sin = rope[kind]
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        if isinstance(cache, PagedPass):  # the runner's pool, read in place
+            return cache.attend(i, kind, q, k, v, self.scaling)
         k, v = cache.layers[i].update(k, v)
         mask, start = masks[kind]
         if start:  # a sliding window: keys before it are never attended
@@ -229,6 +233,21 @@ class LeanDecoder:
             full[..., self.vocab_subset] = logits
             logits = full
         return logits
+
+    def windows(self) -> dict[str, int | None]:
+        """Each layer kind's sliding window (None: the layer attends to every earlier key)."""
+        return {layer.kind: self.window if layer.kind == SLIDING else None for layer in self.layers}
+
+    @torch.inference_mode()
+    def forward_paged(self, input_ids: torch.Tensor, positions: torch.Tensor, paged: PagedPass,
+                      logits_index: torch.Tensor) -> torch.Tensor:
+        """One ragged pass over the KV pool: the new tokens of every sequence flat, ``input_ids`` and
+        ``positions`` [tokens]; returns the logits of the rows ``logits_index`` [rows] as [rows, vocab]."""
+        x = self._embed(input_ids[None])  # [1, tokens, hidden]: the sequences share the rows, not padded columns
+        rope = self._rope(x, positions[None])
+        for i, layer in enumerate(self.layers):
+            x = self._block(i, layer, x, rope, {}, paged)
+        return self._logits(x[0, logits_index])
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Any = None,

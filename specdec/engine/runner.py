@@ -1,8 +1,15 @@
-"""Model runner: one model, many sequences, forward passes over per-sequence KV caches (pure torch).
+"""Model runner: one model, many sequences, ragged forward passes over one KV block pool (pure torch).
 
-Every call carries the sequence's full token history; the runner feeds only what a sequence's cache
-lacks (common-prefix sync), so a caller never has to know what is cached, and a runner that lost a
+Every call carries the sequence's full token history; the runner feeds only what a sequence's blocks
+lack (common-prefix sync), so a caller never has to know what is cached, and a runner that lost a
 sequence just recomputes it. ``specdec.engine.workers`` builds the draft and target workers on it.
+
+Memory: every sequence's keys and values live in one pool of fixed-size blocks (``specdec.engine.kv_cache``)
+sized by a byte budget. Full blocks of confirmed history are shared between sequences and requests that
+begin with the same tokens (prefix caching, ``specdec.engine.block_pool``). When a pass needs more blocks
+than are free, cached blocks nobody holds are evicted, then the youngest other sequences are preempted
+(their blocks freed; a caller that comes back resends the history, mostly found again in the prefix
+cache), and a row that still does not fit is preempted itself and answered with ``SequencePreemptedError``.
 """
 
 from __future__ import annotations
@@ -16,9 +23,12 @@ from typing import Any
 
 import torch
 
-from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
-from specdec.engine.kv_cache import BatchKVView, SequenceKVCache
+from specdec.engine.attention import PagedPass
+from specdec.engine.block_pool import ROOT
+from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING, DEFAULT_GPU_MEMORY_UTILIZATION,
+                                     KVPool, KVStats, SequenceKVCache, kv_budget)
 from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
+from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SequencePreemptedError
 from specdec.engine.models import LoadedModel, SkinnyLinear
 from specdec.sampling import make_generator
 from specdec.seeding import round_seed, stream_key
@@ -32,12 +42,20 @@ DEFAULT_LEAN_FORWARD = True
 
 @dataclass
 class _Sequence:
-    cache: SequenceKVCache
+    sequence_id: str
     generator: torch.Generator
-    tokens: list[int] = field(default_factory=list)  # the tokens whose KV is in `cache`
+    created: int  # arrival order: the youngest is preempted first
+    tokens: list[int] = field(default_factory=list)  # the tokens whose keys/values the blocks hold
+    blocks: list[int] = field(default_factory=list)  # block table: block i holds positions [i * bs, (i + 1) * bs)
+    entries: list[int] = field(default_factory=list)  # prefix-cache entry of each leading full block registered
+    confirmed: int = 0  # tokens of the last call's history: what a caller has confirmed (may be shared)
     last_used: float = field(default_factory=time.monotonic)
     vocab_state: dict = field(default_factory=dict)  # a TLI draft's re-tokenized context
     stream_key: int | None = None  # seeded: the generator is re-seeded per round (specdec.seeding)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
 
     def begin_round(self, position: int) -> None:
         """Make this round's random draws a function of (seed, role, position) for seeded sequences:
@@ -47,7 +65,7 @@ class _Sequence:
 
 
 class ModelRunner:
-    """One model, many sequences: forward passes over per-sequence KV caches."""
+    """One model, many sequences: ragged forward passes over one KV block pool."""
 
     def __init__(
         self,
@@ -58,24 +76,30 @@ class ModelRunner:
         logits_vocab_size: int | None = None,
         min_query_tokens: int | None = None,
         lean_forward: bool | None = None,
+        *,
+        kv_cache_memory: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
+        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
         self.role = role
         self.max_sequences = max_sequences
-        self.num_layers = lm.model.config.get_text_config().num_hidden_layers
+        cfg = lm.model.config.get_text_config()
+        self.num_layers = cfg.num_hidden_layers
         # Logits are cut or padded to this size (the target's vocabulary) so ids line up.
         self.logits_vocab_size = logits_vocab_size or lm.vocab_size
         self.sequences: dict[str, _Sequence] = {}
+        self._arrivals = 0
         # transformers 5.x renamed `past_key_values` to `cache`
         params = inspect.signature(lm.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.lock = threading.RLock()
         # The network that runs the passes: a lean decoder (specdec.engine.lean_decoder) where the architecture
-        # allows, else the transformers model itself. Both take the same call and return ``.logits``. The lean
-        # forward is the default for every role: a draft's small steps are mostly Python overhead in
-        # transformers' forward, and a target's passes of a few tokens mostly matmuls that the lean forward
-        # runs on faster paths (benchmarks/bench_lean_target.py).
+        # allows, else the transformers model itself. The lean forward is the default for every role: it runs
+        # a ragged pass over the pool in place; transformers' forward runs one sequence at a time over a copy
+        # of its history (benchmarks/bench_lean_target.py, benchmarks/bench_kv_pool.py).
         if lean_forward is None:
             lean_forward = DEFAULT_LEAN_FORWARD
         # A draft proposes only from its draft vocabulary, if its folder has one (the lean forward computes
@@ -89,20 +113,29 @@ class ModelRunner:
             else:
                 logger.info("%s %s: keeping transformers' forward, the lean forward does not support this model: %s",
                             role, lm.name, reason)
+        self.paged = self.net is not lm.model
         self._mask: torch.Tensor | None = None
-        if self.vocab_subset is not None and self.net is lm.model:
+        if self.vocab_subset is not None and not self.paged:
             self._mask = torch.ones(lm.vocab_size, dtype=torch.bool, device=lm.device)
             self._mask[self.vocab_subset.to(lm.device)] = False
-        # A pass over 2 or 3 new tokens is padded to this many (the padding is scored, then dropped
-        # from the cache). fp32 F.linear with 2-3 rows takes a slow path on CPU (MKL): measured 1.7x
-        # (SmolLM2-135M) and 2.6x (Gemma-3-270M) the cost of one token, while 4 rows cost 1.3-1.6x.
-        # Models loaded by specdec use SkinnyLinear there instead, and the lean forward picks its products
-        # per row count (specdec.engine.lean_linear), which makes 2-3 rows cheap: no padding.
+        # transformers' forward only: a pass over 2 or 3 new tokens is padded to this many (the padding is
+        # scored, then dropped). fp32 F.linear with 2-3 rows takes a slow path on CPU (MKL): measured 1.7x
+        # (SmolLM2-135M) and 2.6x (Gemma-3-270M) the cost of one token, while 4 rows cost 1.3-1.6x. Models
+        # loaded by specdec use SkinnyLinear there instead, and the lean forward picks its products per row
+        # count (specdec.engine.lean_linear), which makes 2-3 rows cheap: no padding.
         if min_query_tokens is None:
-            slow_rows = self.net is lm.model and lm.device.type == "cpu" and lm.dtype == torch.float32 and not any(
+            slow_rows = not self.paged and lm.device.type == "cpu" and lm.dtype == torch.float32 and not any(
                 isinstance(m, SkinnyLinear) for m in lm.model.modules())
             min_query_tokens = 4 if slow_rows else 1
         self.min_query_tokens = min_query_tokens
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        self.kv = KVPool(self.num_layers, kv_heads, head_dim, lm.dtype, lm.device,
+                         kv_budget(lm.device, kv_cache_memory, gpu_memory_utilization), block_size,
+                         enable_prefix_caching)
+        self.block_size = block_size
+        self._windows = self.net.windows() if self.paged else {}
 
     # -- sequence bookkeeping ------------------------------------------------------------------
     def get_or_create(self, sequence_id: str, seed: int | None) -> _Sequence:
@@ -114,11 +147,8 @@ class ModelRunner:
                     "release finished sequences or raise max_sequences"
                 )
             key = stream_key(seed, self.role)
-            seq = _Sequence(
-                cache=SequenceKVCache(self.num_layers, self.max_model_len),
-                generator=make_generator(key, self.lm.device),
-                stream_key=key,
-            )
+            self._arrivals += 1
+            seq = _Sequence(sequence_id, make_generator(key, self.lm.device), self._arrivals, stream_key=key)
             self.sequences[sequence_id] = seq
         seq.last_used = time.monotonic()
         return seq
@@ -130,16 +160,32 @@ class ModelRunner:
             raise SequenceNotFoundError(f"{self.role}: unknown sequence {sequence_id!r}") from None
 
     def release(self, sequence_id: str) -> bool:
-        return self.sequences.pop(sequence_id, None) is not None
+        """Forget the sequence; the full blocks of its confirmed history stay in the prefix cache."""
+        seq = self.sequences.pop(sequence_id, None)
+        if seq is None:
+            return False
+        self._register(seq, min(seq.confirmed, seq.length))
+        self.kv.blocks.free(seq.blocks)
+        seq.blocks, seq.entries, seq.tokens = [], [], []
+        return True
 
     def __contains__(self, sequence_id: str) -> bool:
         return sequence_id in self.sequences
 
-    # -- model work ------------------------------------------------------------------------------
-    def sync(self, seq: _Sequence, token_ids: list[int]) -> list[int]:
-        """Roll the cache back to its common prefix with ``token_ids``; return the tokens to feed.
+    def kv_stats(self) -> KVStats:
+        return self.kv.stats()
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv.capacity_tokens
+
+    # -- the blocks of a sequence ----------------------------------------------------------------
+    def sync(self, seq: _Sequence, token_ids: list[int], reuse: bool = True) -> list[int]:
+        """Roll the sequence back to its common prefix with ``token_ids`` (the caller's confirmed history),
+        take what the prefix cache holds of the rest; return the tokens to feed.
 
         At least one token is always returned, so the caller gets logits for the last position.
+        ``reuse=False``: take nothing from the prefix cache (a caller that scores every position).
         """
         if not token_ids:
             raise InvalidRequestError(f"{self.role}: the sequence is empty", param="prompt")
@@ -147,139 +193,170 @@ class ModelRunner:
         n = min(len(cached), len(token_ids) - 1)
         if cached[:n] != token_ids[:n]:
             n = next(i for i, (a, b) in enumerate(zip(cached, token_ids)) if a != b)
-        # A pass that raised half-way can leave the cache longer than the token list: the cache's
-        # own length decides, so stale keys/values are never read at the wrong positions.
-        if n < len(cached) or seq.cache.length != n:
-            n = min(n, seq.cache.length)
-            seq.cache.truncate(n)
-            del cached[n:]
-        return token_ids[n:]
+        self.truncate(seq, n)
+        self._register(seq, seq.length)
+        if reuse:
+            self._adopt(seq, token_ids)
+        seq.confirmed = len(token_ids)
+        return token_ids[seq.length:]
+
+    def truncate(self, seq: _Sequence, n: int) -> None:
+        """Keep the first ``n`` cached positions (rollback by pointer: blocks past them are let go)."""
+        if n > seq.length:
+            raise ValueError(f"cannot truncate a sequence of {seq.length} cached tokens to {n}")
+        bs, pool = self.block_size, self.kv.blocks
+        if n % bs and -(-n // bs) <= len(seq.blocks) and pool.is_shared(seq.blocks[n // bs]):
+            n -= n % bs  # the next pass would write into a shared block: recompute its first tokens instead
+        keep = -(-n // bs)
+        if len(seq.blocks) > keep:
+            pool.free(seq.blocks[keep:])
+            del seq.blocks[keep:]
+        del seq.entries[n // bs:]
+        del seq.tokens[n:]
+
+    def _register(self, seq: _Sequence, upto: int) -> None:
+        """Put the full blocks of the first ``upto`` (confirmed) tokens into the prefix cache."""
+        if not self.kv.blocks.enable_prefix_caching:
+            return
+        bs = self.block_size
+        parent = seq.entries[-1] if seq.entries else ROOT
+        for i in range(len(seq.entries), upto // bs):
+            parent = self.kv.blocks.register(parent, tuple(seq.tokens[i * bs:(i + 1) * bs]), seq.blocks[i])
+            seq.entries.append(parent)
+
+    def _adopt(self, seq: _Sequence, token_ids: list[int]) -> None:
+        """Extend the sequence with cached blocks that continue its chain (a shared system prompt, a
+        recomputed preempted sequence); the last token is always left to feed."""
+        pool, bs = self.kv.blocks, self.block_size
+        have, want = len(seq.blocks), (len(token_ids) - 1) // bs
+        if not pool.enable_prefix_caching or want <= have or seq.length != have * bs or len(seq.entries) != have:
+            return
+        found = pool.lookup(seq.entries[-1] if seq.entries else ROOT,
+                            [tuple(token_ids[i * bs:(i + 1) * bs]) for i in range(have, want)])
+        for block, entry in found:
+            seq.blocks.append(block)
+            seq.entries.append(entry)
+        seq.tokens.extend(token_ids[have * bs: len(seq.blocks) * bs])
 
     def check_append(self, seq: _Sequence, new_token_ids: list[int]) -> None:
         """Raise InvalidRequestError if ``new_token_ids`` cannot follow the sequence's cache."""
-        end = seq.cache.length + len(new_token_ids)
+        end = seq.length + len(new_token_ids)
         if end > self.max_model_len:
             raise InvalidRequestError(
                 f"sequence of {end} tokens exceeds max_model_len={self.max_model_len}", param="max_model_len"
             )
+        if end > self.kv.capacity_tokens:
+            raise InvalidRequestError(
+                f"{self.role}: a sequence of {end} tokens can never fit this service's KV cache of "
+                f"{self.kv.capacity_tokens} tokens; raise --kv-cache-memory", param="max_model_len")
         self._check_ids(new_token_ids)
 
-    @torch.inference_mode()
+    def _reserve(self, seqs: list[_Sequence], counts: list[int]) -> list[bool]:
+        """Blocks for every row's new tokens, oldest sequence first. Short of blocks, the youngest sequences
+        outside the pass are preempted, then the youngest rows of the pass; False: that row was preempted."""
+        bs, pool = self.block_size, self.kv.blocks
+        need = [max(0, -(-(s.length + n) // bs) - len(s.blocks)) for s, n in zip(seqs, counts)]
+        ok = [True] * len(seqs)
+        in_pass = {s.sequence_id: i for i, s in enumerate(seqs)}
+        for i in sorted(range(len(seqs)), key=lambda i: seqs[i].created):
+            if not ok[i]:
+                continue
+            while pool.num_free < need[i]:
+                victim = self._youngest(exclude=in_pass) or self._youngest(
+                    among=[seqs[j] for j in in_pass.values() if ok[j] and seqs[j].created > seqs[i].created])
+                if victim is None:
+                    break
+                self._preempt(victim)
+                if victim.sequence_id in in_pass:
+                    ok[in_pass[victim.sequence_id]] = False
+            if pool.num_free < need[i]:
+                ok[i] = False
+                self._preempt(seqs[i])
+                continue
+            seqs[i].blocks += pool.allocate(need[i], after=seqs[i].blocks[-1] if seqs[i].blocks else None)
+        return ok
+
+    def _youngest(self, exclude: dict | None = None, among: list[_Sequence] | None = None) -> _Sequence | None:
+        pool = among if among is not None else [s for s in self.sequences.values()
+                                                if s.sequence_id not in exclude and s.blocks]
+        return max(pool, key=lambda s: s.created, default=None)
+
+    def _preempt(self, seq: _Sequence) -> None:
+        logger.info("%s: KV cache full, preempting sequence %r (%d tokens)", self.role, seq.sequence_id, seq.length)
+        self.release(seq.sequence_id)
+        self.kv.preemptions += 1
+
+    # -- model work ------------------------------------------------------------------------------
     def forward(self, seq: _Sequence, new_token_ids: list[int], num_logits: int = 1) -> torch.Tensor:
-        """Append ``new_token_ids`` to the sequence; return logits of the last ``num_logits`` positions.
-
-        Returns [num_logits, logits_vocab_size] float32 logits.
-        """
-        self.check_append(seq, new_token_ids)
-        start = seq.cache.length
-        end = start + len(new_token_ids)
-        device = self.lm.device
-        n = len(new_token_ids)
-        pad = self._query_width(1, n) - n
-        if end + pad > self.max_model_len:
-            pad = 0
-        fed = new_token_ids + new_token_ids[-1:] * pad  # causal: padding after the real tokens never changes them
-        input_ids = torch.tensor([fed], dtype=torch.long, device=device)  # [1, n + pad]
-        positions = torch.arange(start, end + pad, device=device).unsqueeze(0)  # [1, n + pad]
-        out = self.net(
-            input_ids=input_ids,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=num_logits + pad,
-            **{self._cache_kwarg: seq.cache},
-        )
-        if pad:
-            seq.cache.truncate(end)
-        seq.tokens.extend(new_token_ids)
-        logits = out.logits[0, out.logits.shape[1] - pad - num_logits : out.logits.shape[1] - pad].float()
-        return self._align_vocab(logits)
+        """Append ``new_token_ids`` to the sequence; return logits of the last ``num_logits`` positions,
+        [num_logits, logits_vocab_size] float32. Raises SequencePreemptedError if the pool has no room."""
+        (out,) = self.forward_batch([seq], [new_token_ids], [num_logits])
+        if isinstance(out, BaseException):
+            raise out
+        return out
 
     @torch.inference_mode()
-    def forward_batch(
-        self, seqs: list[_Sequence], new_token_ids: list[list[int]], num_logits: list[int]
-    ) -> list[torch.Tensor]:
-        """Several sequences in ONE forward pass (padded); same results as ``forward`` row by row.
-
-        Sequences with an empty cache (a prompt's first pass) run on their own: a padded batch
-        needs every row's cache allocated, and a prefill gains nothing from batching anyway.
-        """
-        results: list[torch.Tensor | None] = [None] * len(seqs)
-        rows = []
-        for i, (seq, new) in enumerate(zip(seqs, new_token_ids)):
-            if seq.cache.length == 0 or len(seqs) == 1:
-                results[i] = self.forward(seq, new, num_logits[i])
-            else:
-                rows.append(i)
-        if len(rows) == 1:
-            i = rows[0]
-            results[i] = self.forward(seqs[i], new_token_ids[i], num_logits[i])
-        elif rows:
-            for i, logits in zip(rows, self._forward_padded([seqs[i] for i in rows], [new_token_ids[i] for i in rows],
-                                                             [num_logits[i] for i in rows])):
-                results[i] = logits
-        return results  # type: ignore[return-value]
-
-    def _forward_padded(self, seqs: list[_Sequence], new_token_ids: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
-        device = self.lm.device
-        lengths = [len(n) for n in new_token_ids]
-        width = self._query_width(len(seqs), max(lengths))  # the extra columns are never scattered back
-        starts = [s.cache.length for s in seqs]
+    def forward_batch(self, seqs: list[_Sequence], new_token_ids: list[list[int]],
+                      num_logits: list[int]) -> list[torch.Tensor | SequencePreemptedError]:
+        """Several sequences in ONE ragged pass; the same results as ``forward`` row by row. A row the pool
+        had no room for is a SequencePreemptedError (its sequence is forgotten; resend its history)."""
         for seq, new in zip(seqs, new_token_ids):
             self.check_append(seq, new)
-        view = BatchKVView([s.cache for s in seqs], width)
-        input_ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)  # [batch, width]
-        for row, new in enumerate(new_token_ids):
-            input_ids[row, : len(new)] = torch.tensor(new, dtype=torch.long)
-        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)  # [batch, width]
-        positions = positions.clamp_max_(self.max_model_len - 1)  # padding columns stay in the model's range
-        # Only the columns some row needs logits for go through the LM head: [first, width).
-        first = min(len(new) - n for new, n in zip(new_token_ids, num_logits))
-        out = self.net(
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=self._padded_masks(positions, max(starts) + width),
-            use_cache=True,
-            logits_to_keep=width - first,
-            **{self._cache_kwarg: view},
-        )
-        view.scatter_back([s.cache for s in seqs], lengths)
-        results = []
-        for row, (seq, new, n_logits) in enumerate(zip(seqs, new_token_ids, num_logits)):
-            seq.tokens.extend(new)
-            logits = out.logits[row, len(new) - n_logits - first : len(new) - first].float()  # [n_logits, model_vocab]
-            results.append(self._align_vocab(logits))
+        ok = self._reserve(seqs, [len(n) for n in new_token_ids])
+        results: list = [None if ok[i] else SequencePreemptedError(
+            f"{self.role}: the KV cache is full; sequence {s.sequence_id!r} was preempted: resend its history")
+            for i, s in enumerate(seqs)]
+        rows = [i for i in range(len(seqs)) if ok[i]]
+        if not rows:
+            return results
+        if self.paged:
+            out = self._forward_paged([seqs[i] for i in rows], [new_token_ids[i] for i in rows],
+                                      [num_logits[i] for i in rows])
+        else:
+            out = [self._forward_copied(seqs[i], new_token_ids[i], num_logits[i]) for i in rows]
+        for i, logits in zip(rows, out):
+            seqs[i].tokens.extend(new_token_ids[i])
+            results[i] = self._align_vocab(logits.float())
         return results
 
-    def _query_width(self, batch: int, width: int) -> int:
-        """Tokens per row to feed so a pass of ``batch`` rows of ``width`` new tokens has at least
-        ``min_query_tokens`` rows in its matmuls (single tokens of one sequence stay as they are)."""
-        if batch * width == 1 or batch * width >= self.min_query_tokens:
-            return width
-        return -(-self.min_query_tokens // batch)
+    def _forward_paged(self, seqs: list[_Sequence], news: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
+        device = self.lm.device
+        starts, counts = [s.length for s in seqs], [len(n) for n in news]
+        paged = PagedPass(self.kv, [s.blocks for s in seqs], starts, counts, self._windows)
+        ids = torch.tensor([t for new in news for t in new], dtype=torch.long, device=device)  # [tokens]
+        positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)], device=device)
+        keep, offset = [], 0
+        for n, m in zip(counts, num_logits):  # each row's last m positions reach the LM head
+            keep += range(offset + n - m, offset + n)
+            offset += n
+        logits = self.net.forward_paged(ids, positions, paged, torch.tensor(keep, device=device))  # [rows, vocab]
+        return list(logits.split(num_logits))
 
-    def _padded_masks(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
-        """Additive masks [batch, 1, width, kv_len]: query at position p sees keys at positions <= p
-        (and > p - window on sliding-window layers)."""
-        cfg = self.lm.model.config.get_text_config()
-        dtype = self.lm.model.dtype
-        kv = torch.arange(kv_len, device=positions.device)
-        q = positions[:, None, :, None]  # [batch, 1, width, 1]
+    def _forward_copied(self, seq: _Sequence, new: list[int], num_logits: int) -> torch.Tensor:
+        """transformers' forward for one sequence, over a copy of its history; the new entries go back to its blocks."""
+        device, bs = self.lm.device, self.block_size
+        start, n = seq.length, len(new)
+        cache = SequenceKVCache(self.num_layers, self.max_model_len)
+        slots = torch.tensor([seq.blocks[p // bs] * bs + p % bs for p in range(start + n)], device=device)
+        if start:
+            cache.load([k[:, slots[:start]][None] for k in self.kv.keys], [v[:, slots[:start]][None] for v in self.kv.values])
+        pad = self._query_width(n) - n
+        if start + n + pad > self.max_model_len:
+            pad = 0
+        fed = new + new[-1:] * pad  # causal: padding after the real tokens never changes them
+        out = self.net(
+            input_ids=torch.tensor([fed], dtype=torch.long, device=device),  # [1, n + pad]
+            position_ids=torch.arange(start, start + n + pad, device=device)[None],  # [1, n + pad]
+            use_cache=True, logits_to_keep=num_logits + pad, **{self._cache_kwarg: cache})
+        for layer, keys, values in zip(cache.layers, self.kv.keys, self.kv.values):
+            keys.index_copy_(1, slots[start:], layer.keys[0, :, start:start + n])
+            values.index_copy_(1, slots[start:], layer.values[0, :, start:start + n])
+        width = out.logits.shape[1]
+        return out.logits[0, width - pad - num_logits: width - pad]
 
-        def additive(allowed: torch.Tensor) -> torch.Tensor:
-            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-                ~allowed, torch.finfo(dtype).min)
-
-        causal = kv <= q
-        window = getattr(cfg, "sliding_window", None)
-        layer_types = getattr(cfg, "layer_types", None)
-        if layer_types and window:
-            masks = {"full_attention": additive(causal)}
-            if "sliding_attention" in layer_types:
-                masks["sliding_attention"] = additive(causal & (kv > q - window))
-            return masks
-        if window and getattr(cfg, "use_sliding_window", True):
-            return additive(causal & (kv > q - window))
-        return additive(causal)
+    def _query_width(self, width: int) -> int:
+        """Tokens to feed so a transformers pass has at least ``min_query_tokens`` rows (one token stays one)."""
+        return width if width == 1 or width >= self.min_query_tokens else self.min_query_tokens
 
     def _check_ids(self, token_ids: list[int]) -> None:
         limit = self.lm.model.get_input_embeddings().num_embeddings

@@ -113,8 +113,12 @@ class DraftWorker:
             drafts: list[list[int]] = [[] for _ in rows]  # draft-model ids (fed back to the draft)
             qs: list[list[torch.Tensor]] = [[] for _ in rows]
             active = list(range(len(rows)))
+            stopped: set[int] = set()  # rows the KV pool preempted: they propose what they drafted so far
             while active:
                 for j, row_logits in zip(active, logits):
+                    if isinstance(row_logits, SpecDecError):
+                        stopped.add(j)
+                        continue
                     _, call, seq, _, probabilistic = rows[j]
                     last = row_logits[-1]  # [vocab]
                     if tli is not None and not tli.text_proposals(not probabilistic):
@@ -128,7 +132,7 @@ class DraftWorker:
                         qs[j].append(q if tli is None else tli.q_to_target(q))
                     else:
                         drafts[j].append(int(last.argmax()))
-                active = [j for j in active if len(drafts[j]) < rows[j][1].num_speculative_tokens]
+                active = [j for j in active if len(drafts[j]) < rows[j][1].num_speculative_tokens and j not in stopped]
                 if active:  # the last draft token is not fed: the next round's sync feeds it if kept
                     logits = runner.forward_batch([rows[j][2] for j in active], [[drafts[j][-1]] for j in active],
                                                   [1] * len(active))
@@ -176,10 +180,10 @@ class TargetWorker:
                 check_proposal(call.proposal, runner.logits_vocab_size)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed)
                 seq.begin_round(len(call.token_ids))
-                if call.params.prompt_logprobs is not None:  # score the whole prompt: feed it all again
-                    seq.cache.truncate(0)
-                    del seq.tokens[:]
-                new = runner.sync(seq, call.token_ids) + call.proposal.draft_token_ids
+                scored = call.params.prompt_logprobs is not None
+                if scored:  # score the whole prompt: feed it all again (no prefix-cache hits)
+                    runner.truncate(seq, 0)
+                new = runner.sync(seq, call.token_ids, reuse=not scored) + call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
                 return call, seq, new
 
@@ -189,6 +193,13 @@ class TargetWorker:
                     [r[2] for r in rows], [r[3] for r in rows],
                     [len(r[3]) if r[1].params.prompt_logprobs is not None else len(r[1].proposal.draft_token_ids) + 1
                      for r in rows])
+                for r, lg in zip(rows, all_logits):
+                    if isinstance(lg, SpecDecError):  # preempted: the pool had no room for it
+                        results[r[0]] = lg
+                all_logits = [lg for lg in all_logits if not isinstance(lg, SpecDecError)]
+                rows = [r for r in rows if results[r[0]] is None]
+                if not rows:
+                    return results
                 try:  # the last k + 1 rows of each: the target after each draft prefix
                     accepted = self._accept([r[1] for r in rows], [r[2] for r in rows],
                                             [lg[-(len(r[1].proposal.draft_token_ids) + 1):] for r, lg in zip(rows, all_logits)])
@@ -198,9 +209,7 @@ class TargetWorker:
                     return results
                 for (i, call, seq, _), logits, (n, next_token) in zip(rows, all_logits, accepted):
                     # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
-                    keep = len(call.token_ids) + n
-                    seq.cache.truncate(keep)
-                    del seq.tokens[keep:]
+                    runner.truncate(seq, len(call.token_ids) + n)
                     try:
                         results[i] = with_logprobs(VerifyResult(n, next_token), call, logits)
                     except SpecDecError as exc:  # one row's error stays with that row

@@ -253,20 +253,20 @@ def test_runner_sync_feeds_only_the_missing_suffix(target_lm):
     a = _ids(10, 1)
     assert runner.sync(seq, a) == a
     runner.forward(seq, a)
-    assert seq.tokens == a and seq.cache.length == 10
+    assert seq.tokens == a and seq.length == 10
     # extension: only the new tokens
     assert runner.sync(seq, a + [5, 6]) == [5, 6]
     # identical history: the last token is recomputed, so there are logits to return
     assert runner.sync(seq, a) == a[-1:]
-    assert seq.cache.length == 9 and seq.tokens == a[:9]
+    assert seq.length == 9 and seq.tokens == a[:9]
     runner.forward(seq, a[-1:])
     # divergence in the middle: roll back to the common prefix
     b = a[:4] + [7, 8]
     assert runner.sync(seq, b) == [7, 8]
-    assert seq.cache.length == 4 and seq.tokens == a[:4]
+    assert seq.length == 4 and seq.tokens == a[:4]
     # a shorter history: rolled back
     assert runner.sync(seq, a[:2]) == a[1:2]
-    assert seq.cache.length == 1
+    assert seq.length == 1
 
 
 def test_runner_forward_matches_fresh_and_tracks_cache(target_lm):
@@ -294,7 +294,7 @@ def test_runner_pads_short_queries_without_changing_results(target_lm, n, num_lo
         seq = runner.get_or_create("s", seed=0)
         runner.forward(seq, ids[:12])
         logits = runner.forward(seq, ids[12 : 12 + n], num_logits=num_logits)
-        assert seq.cache.length == 12 + n and seq.tokens == ids[: 12 + n]
+        assert seq.length == 12 + n and seq.tokens == ids[: 12 + n]
         nxt = runner.forward(seq, ids[12 + n : 13 + n])  # the next pass sees no trace of the padding
         outs.append((logits, nxt))
     assert outs[0][0].shape == (num_logits, 49152)
@@ -321,14 +321,14 @@ def test_runner_batched_pass_scores_only_kept_columns(target_lm, lean, num_logit
         torch.testing.assert_close(out[i], single.forward(ref_seq, new, num_logits=n), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("widths", [(1, 1), (1, 1, 1)])
-def test_runner_batched_pass_padded_to_four_rows_matches_single_passes(target_lm, widths):
-    """A padded batch of fewer than 4 rows (fp32 CPU) gets extra columns; they are never scattered
-    back: logits, caches and tokens equal one-sequence passes."""
-    batched = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=4)
-    single = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=1)
-    assert batched._query_width(len(widths), max(widths)) > max(widths)
-    prompts = [_ids(8 + i, 10 + i) for i in range(len(widths))]
+@pytest.mark.parametrize("lean", [True, False])
+@pytest.mark.parametrize("widths", [(1, 1), (1, 1, 1), (1, 3, 20), (5, 1)])
+def test_runner_ragged_pass_matches_single_passes(target_lm, widths, lean):
+    """Sequences with different cached lengths and different numbers of new tokens (decode steps, verify
+    windows, a prefill chunk) share one pass: logits, blocks and tokens equal one-sequence passes."""
+    batched = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=4, lean_forward=lean)
+    single = ModelRunner(target_lm, max_model_len=128, role="target", min_query_tokens=1, lean_forward=lean)
+    prompts = [_ids(8 + 7 * i, 10 + i) for i in range(len(widths))]
     news = [_ids(w, 20 + i) for i, w in enumerate(widths)]
     seqs = []
     for i, p in enumerate(prompts):
@@ -341,9 +341,10 @@ def test_runner_batched_pass_padded_to_four_rows_matches_single_passes(target_lm
         single.forward(ref_seq, p)
         ref = single.forward(ref_seq, new, num_logits=len(new))
         torch.testing.assert_close(out[i], ref, rtol=1e-4, atol=1e-4)
-        assert seqs[i].cache.length == len(p) + len(new) and seqs[i].tokens == p + new
+        assert seqs[i].length == len(p) + len(new) and seqs[i].tokens == p + new
         # the next pass sees exactly the real tokens in the cache
         torch.testing.assert_close(batched.forward(seqs[i], [7]), single.forward(ref_seq, [7]), rtol=1e-4, atol=1e-4)
+    batched.kv.blocks.check()
 
 
 def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
@@ -395,7 +396,7 @@ def test_runner_does_not_pad_past_max_model_len(target_lm):
     seq = runner.get_or_create("s", seed=0)
     runner.forward(seq, _ids(11))
     logits = runner.forward(seq, _ids(3, 1), num_logits=3)  # 11 + 3 = 14: no room for a pad token
-    assert logits.shape[0] == 3 and seq.cache.length == 14
+    assert logits.shape[0] == 3 and seq.length == 14
 
 
 def test_runner_max_model_len_and_sequence_cap(target_lm):
@@ -436,7 +437,7 @@ def test_draft_worker_greedy_proposals_follow_draft_model(draft_lm, hf_greedy):
     assert prop.draft_token_ids == hf_greedy(draft_lm.model, prompt, 5)
     # the last draft is never fed: the cache holds the prompt + k - 1 drafts
     seq = worker.runner.get("s")
-    assert seq.cache.length == len(prompt) + 4 and seq.tokens == prompt + prop.draft_token_ids[:4]
+    assert seq.length == len(prompt) + 4 and seq.tokens == prompt + prop.draft_token_ids[:4]
     worker.release("s")
     assert "s" not in worker.runner
 
@@ -480,7 +481,7 @@ def test_target_worker_verify_rolls_back_rejected_tail(target_lm, hf_greedy):
     assert (result.num_accepted_tokens, result.next_token_id) == (2, ref[2])
     assert result.emitted(draft) == ref[:3]
     seq = worker.runner.get("s")
-    assert seq.cache.length == len(prompt) + 2 and seq.tokens == prompt + ref[:2]
+    assert seq.length == len(prompt) + 2 and seq.tokens == prompt + ref[:2]
     # next round continues from the accepted history
     history = prompt + ref[:3]
     result = worker.verify("s", history, Proposal(ref[3:6]), params)
@@ -499,9 +500,9 @@ def test_sync_repairs_a_cache_left_ahead_of_its_tokens(target_lm):
     seq = runner.get_or_create("s", seed=0)
     runner.forward(seq, ids[:10])
     del seq.tokens[8:]  # as if the pass feeding ids[8:10] wrote the cache, then failed
-    assert seq.cache.length == 10
+    assert seq.length == 10
     fed = runner.sync(seq, ids)
-    assert fed == ids[8:] and seq.cache.length == 8
+    assert fed == ids[8:] and seq.length == 8
     logits = runner.forward(seq, fed)
     with torch.inference_mode():
         fresh = target_lm.model(torch.tensor([ids])).logits[0, -1:]

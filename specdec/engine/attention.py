@@ -1,0 +1,163 @@
+"""Attention over the KV pool, read in place: one pass, many sequences, each with its own block table.
+
+A pass feeds the new tokens of every sequence as one flat ``[tokens, hidden]`` batch (no padding); only
+attention needs to know which sequence a token belongs to. :class:`PagedPass` describes that once per pass:
+the pool slot each new token's key/value goes to, and for each sequence the slices of the pool that hold its
+keys. Because the pool's slot axis is laid out block after block and allocation keeps a sequence's blocks
+consecutive where it can (``specdec.engine.block_pool``), a sequence's history is a few long slices
+(usually one), read as views: nothing is gathered or padded.
+
+On CPU each slice is one scaled-dot-product-attention call (the grouped query heads folded into the query
+axis, so a kv head's keys are read once); a sequence spread over several slices merges their partial
+results by their log-sum-exp, as flash-decoding does. On CUDA the whole pass is one Triton kernel over the
+block tables (``kernels.paged_attention``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specdec.engine.kv_cache import KVPool
+
+_flash_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def block_runs(table: list[int], length: int, block_size: int) -> list[tuple[int, int, int]]:
+    """The first ``length`` positions of a block table as maximal slices of consecutive slots:
+    (first slot, first position, number of positions)."""
+    runs: list[tuple[int, int, int]] = []
+    for i in range(-(-length // block_size)):
+        n = min(block_size, length - i * block_size)
+        b = table[i]
+        if runs and runs[-1][0] + runs[-1][2] == b * block_size and runs[-1][2] % block_size == 0:
+            s, p, m = runs[-1]
+            runs[-1] = (s, p, m + n)
+        else:
+            runs.append((b * block_size, i * block_size, n))
+    return runs
+
+
+class PagedPass:
+    """Where one pass's new tokens go in the pool and what each sequence reads (see the module).
+
+    ``tables[i]`` is sequence i's block table (already long enough for its new tokens), ``starts[i]`` its
+    cached length before the pass and ``counts[i]`` its new tokens, which are the flat batch's rows
+    ``[sum(counts[:i]), sum(counts[:i + 1]))``. ``windows`` maps each layer kind to its sliding window (None:
+    full attention)."""
+
+    def __init__(self, pool: KVPool, tables: list[list[int]], starts: list[int], counts: list[int],
+                 windows: dict[str, int | None]):
+        self.pool = pool
+        bs = pool.block_size
+        device = pool.key_data.device
+        slots: list[int] = []
+        self.segments: list[tuple[int, int, dict[str, list[tuple[int, int, torch.Tensor | None]]]]] = []
+        q0 = 0
+        for table, start, n in zip(tables, starts, counts):
+            end = start + n
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            runs = block_runs(table, end, bs)
+            per_kind = {kind: _visible(runs, start, n, window, device) for kind, window in windows.items()}
+            self.segments.append((q0, n, per_kind))
+            q0 += n
+        self.num_tokens = q0
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # [tokens]
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            width = max(len(t) for t in tables)
+            self.block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
+                                             device=device)  # [seqs, max blocks]
+            self.context_lens = torch.tensor([s + n for s, n in zip(starts, counts)], dtype=torch.int32, device=device)
+            cum = [0]
+            for n in counts:
+                cum.append(cum[-1] + n)
+            self.query_start_loc = torch.tensor(cum, dtype=torch.int32, device=device)
+            self.windows = windows
+
+    def attend(self, layer: int, kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        """Write this pass's k, v [1, kv_heads, tokens, d] into layer ``layer``'s blocks and attend with
+        q [1, heads, tokens, d]; returns [1, tokens, heads * d]."""
+        keys, values = self.pool.keys[layer], self.pool.values[layer]  # [kv_heads, slots, d]
+        keys.index_copy_(1, self.slots, k[0])
+        values.index_copy_(1, self.slots, v[0])
+        heads, tokens, d = q.shape[1], q.shape[2], q.shape[3]
+        if self.cuda:
+            from kernels.paged_attention import paged_attention
+
+            out = paged_attention(q[0].transpose(0, 1), keys, values, self.block_tables, self.context_lens,
+                                  self.query_start_loc, scale=scale, window=self.windows[kind],
+                                  block_size=self.pool.block_size)  # [tokens, heads, d]
+            return out.reshape(1, tokens, heads * d)
+        kv_heads = keys.shape[0]
+        group = heads // kv_heads
+        out = q.new_empty((tokens, heads, d))
+        for q0, n, per_kind in self.segments:
+            # [heads, n, d] -> [1, kv_heads, group * n, d]: each kv head's queries in one call
+            qs = q[0, :, q0: q0 + n].reshape(1, kv_heads, group * n, d)
+            runs = per_kind[kind]
+            if len(runs) == 1:
+                s0, s1, mask = runs[0]
+                o = F.scaled_dot_product_attention(qs, keys[None, :, s0:s1], values[None, :, s0:s1],
+                                                   attn_mask=_rows(mask, group), scale=scale)
+            else:
+                o = _merged(qs, keys, values, runs, group, scale)
+            out[q0: q0 + n] = o.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads, d)
+        return out.view(1, tokens, heads * d)
+
+
+def _visible(runs: list[tuple[int, int, int]], start: int, n: int, window: int | None,
+             device: torch.device) -> list[tuple[int, int, torch.Tensor | None]]:
+    """The slices (first slot, end slot, mask [n, keys] or None) whose keys some of the queries at positions
+    [start, start + n) see: causal, and within ``window`` keys when one is set."""
+    lo = max(0, start + 1 - window) if window else 0
+    q = torch.arange(start, start + n, device=device)[:, None] if n > 1 or window else None
+    out = []
+    for slot, pos, m in runs:
+        a, b = max(pos, lo), pos + m  # visible positions of this slice
+        if a >= b:
+            continue
+        mask = None
+        if b - 1 > start or (window and a <= start + n - 1 - window):  # some query cannot see some key
+            kv = torch.arange(a, b, device=device)[None, :]
+            allowed = kv <= q
+            if window:
+                allowed &= kv > q - window
+            mask = allowed
+        out.append((slot + a - pos, slot + b - pos, mask))
+    return out
+
+
+def _rows(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
+    """A [n, keys] boolean mask for the folded queries [group * n] (head-major, as the fold lays them)."""
+    return None if mask is None else mask.repeat(group, 1)
+
+
+def _merged(qs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, runs: list, group: int,
+            scale: float) -> torch.Tensor:
+    """Attention over several slices: each slice's softmax-weighted values, merged by their log-sum-exp."""
+    outs, lses = [], []
+    for s0, s1, mask in runs:
+        additive = None
+        if mask is not None:
+            additive = torch.zeros(mask.shape, dtype=qs.dtype, device=qs.device).masked_fill_(~mask, float("-inf"))
+            additive = _rows(additive, group)
+        o, lse = _flash_with_lse(qs, keys[None, :, s0:s1], values[None, :, s0:s1], 0.0, False,
+                                 attn_mask=additive, scale=scale)
+        lse = lse.float()  # [1, kv_heads, rows]
+        if mask is not None:  # a row that sees no key of this slice comes back as 0 with lse 0: weigh it 0
+            lse = lse.masked_fill(~_rows(mask.any(-1, keepdim=True), group)[:, 0], float("-inf"))
+        outs.append(o.float())
+        lses.append(lse)
+    lse = torch.stack(lses)  # [runs, 1, kv_heads, rows]
+    top = lse.max(dim=0).values  # every row sees at least its own key in some slice: finite
+    weights = torch.exp(lse - top)
+    total = sum(o * w[..., None] for o, w in zip(outs, weights))
+    return (total / weights.sum(dim=0)[..., None]).to(qs.dtype)
+
+
+def is_paged(cache: Any) -> bool:
+    return isinstance(cache, PagedPass)

@@ -1,0 +1,174 @@
+"""The bookkeeping of a KV block pool: free blocks, reference counts, the prefix cache (no tensors here).
+
+A model runner's KV memory is ``num_blocks`` blocks of ``block_size`` token slots (``specdec.engine.kv_cache``
+holds the tensors). A sequence holds a block table: the ids of the blocks that hold its positions in order.
+
+* **Allocation** prefers the block right after the sequence's last one, then the start of the longest free
+  run: a sequence's blocks mostly stay consecutive, so attention reads them as a few long slices
+  (``specdec.engine.attention``), not block by block.
+* **Prefix caching** (vLLM's automatic prefix caching): a full block whose tokens a caller confirmed is
+  registered under the key ``(parent entry, its tokens)``, where the parent entry is the registration of the
+  block before it in the same chain. Keys compare the tokens themselves, so two different prefixes can never
+  share an entry (no hash collisions to reason about). A later sequence that begins with the same tokens
+  takes those blocks (reference counted) instead of recomputing them.
+* **Eviction**: a registered block nobody holds stays cached, least-recently-used first to go when a
+  sequence needs room. An unregistered block nobody holds is free at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+ROOT = 0  # the parent entry of a chain's first block
+
+
+@dataclass
+class _Entry:
+    id: int  # unique for the life of the pool: a child's key names it
+    key: tuple
+    block: int
+
+
+class BlockPool:
+    """``num_blocks`` blocks; each is free, held (reference count > 0), or cached (registered, count 0)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a block pool needs at least one block of one slot, got {num_blocks} x {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.refs = [0] * num_blocks
+        self._free = set(range(num_blocks))  # count 0, not registered
+        self._cached: OrderedDict[int, None] = OrderedDict()  # count 0, registered: least recently used first
+        self._entries: dict[tuple, _Entry] = {}  # key -> entry
+        self._entry_of: dict[int, _Entry] = {}  # block -> its entry
+        self._ids = itertools.count(1)
+        self.queries = self.hits = 0  # tokens looked up / found in the prefix cache (vLLM's counters)
+
+    # -- counts ---------------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks a sequence can get now: free ones and cached ones nobody holds."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    # -- allocation -----------------------------------------------------------------------------------
+    def allocate(self, n: int, after: int | None = None) -> list[int]:
+        """``n`` blocks for a sequence whose last block is ``after`` (None: it has none), held once each."""
+        if n > self.num_free:
+            raise MemoryError(f"{n} blocks asked, {self.num_free} free")
+        out: list[int] = []
+        prev = after
+        while len(out) < n:
+            nxt = prev + 1 if prev is not None else None
+            if nxt is None or nxt >= self.num_blocks or not self._take(nxt):
+                nxt = self._run_start()
+                self._take(nxt, evict=True)
+            out.append(nxt)
+            prev = nxt
+        return out
+
+    def _take(self, block: int, evict: bool = False) -> bool:
+        if block in self._free:
+            self._free.discard(block)
+        elif evict and block in self._cached:
+            self._evict(block)
+        else:  # held, or cached and worth keeping: a cached neighbour is not evicted for adjacency
+            return False
+        self.refs[block] = 1
+        return True
+
+    def _run_start(self) -> int:
+        """A block to start a new run at: the start of the longest run of free blocks (else a cached one)."""
+        if not self._free:
+            return next(iter(self._cached))
+        best_start, best_len, start, length = -1, 0, -1, 0
+        for b in sorted(self._free):
+            if length and b == start + length:
+                length += 1
+            else:
+                start, length = b, 1
+            if length > best_len:
+                best_start, best_len = start, length
+        return best_start
+
+    def _evict(self, block: int) -> None:
+        del self._cached[block]
+        entry = self._entry_of.pop(block)
+        del self._entries[entry.key]
+
+    def hold(self, block: int) -> None:
+        """One more holder of ``block`` (a prefix-cache hit)."""
+        if self.refs[block] == 0:
+            del self._cached[block]
+        self.refs[block] += 1
+
+    def free(self, blocks: list[int]) -> None:
+        """Drop one hold of each block; a block nobody holds becomes cached (registered) or free."""
+        for b in blocks:
+            if self.refs[b] <= 0:
+                raise AssertionError(f"block {b} freed more often than held")
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                if b in self._entry_of:
+                    self._cached[b] = None
+                else:
+                    self._free.add(b)
+
+    def is_shared(self, block: int) -> bool:
+        """Whether writing into ``block`` could change what someone else reads (held twice, or registered)."""
+        return self.refs[block] > 1 or block in self._entry_of
+
+    # -- the prefix cache -----------------------------------------------------------------------------
+    def register(self, parent: int, tokens: tuple, block: int) -> int:
+        """Register full ``block`` holding ``tokens`` after the chain entry ``parent``; the entry's id.
+
+        If those tokens are cached already (in another block), that entry stands and its id is returned."""
+        if not self.enable_prefix_caching:
+            return -1
+        key = (parent, tokens)
+        entry = self._entries.get(key)
+        if entry is None:
+            if block in self._entry_of:  # registered under another chain: keep the first
+                return self._entry_of[block].id
+            entry = _Entry(next(self._ids), key, block)
+            self._entries[key] = entry
+            self._entry_of[block] = entry
+        return entry.id
+
+    def lookup(self, parent: int, token_blocks: list[tuple]) -> list[tuple[int, int]]:
+        """The cached blocks continuing chain ``parent`` with these full blocks of tokens, in order, as
+        (block, entry id), each now held by the caller; stops at the first miss."""
+        found: list[tuple[int, int]] = []
+        if not self.enable_prefix_caching:
+            return found
+        self.queries += self.block_size * len(token_blocks)
+        for tokens in token_blocks:
+            entry = self._entries.get((parent, tokens))
+            if entry is None:
+                break
+            self.hold(entry.block)
+            found.append((entry.block, entry.id))
+            parent = entry.id
+        self.hits += self.block_size * len(found)
+        return found
+
+    def touch(self, blocks: list[int]) -> None:
+        """Mark cached blocks as just used (they go last)."""
+        for b in blocks:
+            if b in self._cached:
+                self._cached.move_to_end(b)
+
+    def check(self) -> None:
+        """Assert the invariants (tests): every block is in exactly one state; counts are never negative."""
+        for b in range(self.num_blocks):
+            held, free, cached = self.refs[b] > 0, b in self._free, b in self._cached
+            assert self.refs[b] >= 0, b
+            assert held + free + cached == 1, (b, self.refs[b], free, cached)
+            assert not cached or b in self._entry_of, b
+        assert all(self._entries[e.key] is e for e in self._entry_of.values())
