@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, for a person with a CUDA machine: install, run the CUDA-marked tests (the Triton kernels
-# compiled for real against the torch reference; the real SmolLM2 pair on cuda in fp32 giving the target's
-# greedy output), the kernel tests natively on the GPU, then benchmarks/bench_kernels.py (Triton vs torch,
-# batch 1/8/64/256 x k 1..8 x vocab 49k/152k/262k; table + JSON under bench_results/).
+# compiled for real against the torch reference, paged attention included at model sizes in fp32/bf16/fp16;
+# the real SmolLM2 pair on cuda in fp32 giving the target's greedy output), the kernel tests natively on the
+# GPU, then benchmarks/bench_kernels.py (Triton vs torch, batch 1/8/64/256 x k 1..8 x vocab 49k/152k/262k;
+# table + JSON under bench_results/).
 # Needs Python 3.10+, pip access and an NVIDIA GPU. Without a GPU the CUDA tests skip and the benchmark times
 # only the torch paths, so the script still runs anywhere.
 #

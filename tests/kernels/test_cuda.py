@@ -1,5 +1,6 @@
-"""On a CUDA GPU (skipped elsewhere; scripts/gpu-check.sh runs these): the kernels compiled for real, and the
-real SmolLM2 pair on ``cuda`` in float32 with ``kernels="auto"`` (= Triton) giving the target's greedy output."""
+"""On a CUDA GPU (skipped elsewhere; scripts/gpu-check.sh runs these): the kernels compiled for real (paged
+attention included), and the real SmolLM2 pair on ``cuda`` in float32 with ``kernels="auto"`` (= Triton) giving
+the target's greedy output."""
 
 from __future__ import annotations
 
@@ -68,3 +69,22 @@ def test_real_pair_greedy_on_cuda_equals_the_target_alone(hf_reference_cuda, tru
         out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
         assert out[0].outputs[0].token_ids == ref, prompt
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_compiled_paged_attention_matches_reference_on_cuda(dtype):
+    """kernels/paged_attention.py compiled, at model sizes (head dims 64/128/256, GQA 4:1 and 8:8, blocks of 16,
+    contexts to 1,500 keys, decode rows and a prefill chunk, with and without Gemma-3's 512-key window)."""
+    assert os.environ.get("TRITON_INTERPRET") != "1", "these must run compiled, not interpreted"
+    from kernels.paged_attention import paged_attention, paged_attention_reference
+    from tests.kernels.test_paged_attention import make_case
+
+    seqs = [(1, 1), (1, 17), (4, 300), (128, 700), (1, 1500), (9, 1024)]
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for heads, kv_heads, dim in ((8, 2, 128), (8, 8, 64), (4, 1, 256)):
+        args, _ = make_case(16, heads, kv_heads, dim, dtype, seed=dim, seqs=seqs, device="cuda")
+        for window in (None, 512):
+            got = paged_attention(*args, window=window)  # auto: Triton on CUDA
+            ref = paged_attention_reference(*args, window=window)
+            assert got.dtype == dtype and not got.isnan().any()
+            torch.testing.assert_close(got.float(), ref.float(), **tol, msg=lambda m: f"{heads=} {dim=} {window=}: {m}")

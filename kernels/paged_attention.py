@@ -1,0 +1,200 @@
+"""Paged (block-table) varlen attention over one layer of the KV block pool: the torch reference (the
+specification, and the CPU path) and its Triton twin (the CUDA path).
+
+Layout, shared with the CPU engine:
+  * ``k_pool``, ``v_pool``: ``[kv_heads, num_blocks * block_size, head_dim]``; slot s of block b is row
+    ``b * block_size + s`` of dim 1. Dim 0 may be strided (a view into a bigger pool): strides are taken.
+  * ``block_tables``: int32 ``[num_seqs, max_blocks_per_seq]``, logical block i of sequence s is physical block
+    ``block_tables[s, i]``; entries past the sequence's last block are never read.
+  * ``q``: ``[total_new_tokens, heads, head_dim]``, the new tokens of every sequence concatenated;
+    ``query_start_loc``: int32 ``[num_seqs + 1]`` offsets into it; ``context_lens``: int32 ``[num_seqs]``, the
+    keys of each sequence INCLUDING its new tokens (whose keys and values are already in the pool).
+  * Query j of the n_s new tokens of sequence s sits at position ``context_lens[s] - n_s + j`` and sees the
+    keys at positions ``<= pos`` and, with ``window`` (Gemma-3's sliding window: ``window`` keys counting
+    itself), only those ``> pos - window``.
+  * GQA: head h reads kv head ``h // (heads // kv_heads)``.
+The output is ``[total_new_tokens, heads, head_dim]`` in q's dtype; scores, softmax and the weighted sum are
+float32 in both paths.
+
+The Triton kernel runs one program per (new token, head): an online softmax (flash-attention style) over the
+sequence's key blocks, taken in order through its block table, from the first block the window reaches to the
+block holding the query's own position. Triton is imported and the kernel jit-decorated on first use, not at
+import, so the engine can import this module (for the reference and ``paged_attention``) before
+``kernels.dispatch`` has chosen Triton's interpreter for a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+tl = None  # triton.language, imported by ``_kernel`` on first use, for the kernel body below
+
+
+def _check(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, window) -> None:
+    tokens, heads, dim = q.shape
+    kv_heads, slots, kdim = k_pool.shape
+    if v_pool.shape != k_pool.shape or kdim != dim:
+        raise ValueError(f"k_pool {tuple(k_pool.shape)} and v_pool {tuple(v_pool.shape)} must be "
+                         f"[kv_heads, slots, {dim}]")
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1 (the query's own key), got {window}")
+    if block_size <= 0 or slots % block_size:
+        raise ValueError(f"the pool's {slots} slots are not whole blocks of {block_size}")
+    num_seqs = block_tables.shape[0]
+    if context_lens.shape != (num_seqs,) or query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(f"{num_seqs} block tables need context_lens [{num_seqs}] and query_start_loc "
+                         f"[{num_seqs + 1}], got {tuple(context_lens.shape)} and {tuple(query_start_loc.shape)}")
+
+
+def paged_attention_reference(
+    q: torch.Tensor,                # [tokens, heads, dim]
+    k_pool: torch.Tensor,           # [kv_heads, num_blocks * block_size, dim]
+    v_pool: torch.Tensor,           # [kv_heads, num_blocks * block_size, dim]
+    block_tables: torch.Tensor,     # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,     # [num_seqs] int32, keys per sequence, new tokens included
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    block_size: int,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:                  # [tokens, heads, dim], q's dtype
+    """The specification: gather each sequence's keys through its block table, then masked softmax in fp32."""
+    _check(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, window)
+    group = q.shape[1] // k_pool.shape[0]
+    out = torch.empty_like(q)
+    starts, lens, tables = query_start_loc.tolist(), context_lens.tolist(), block_tables.long()
+    for s, ctx in enumerate(lens):
+        start, end = starts[s], starts[s + 1]
+        n = end - start
+        if n == 0:
+            continue
+        if not n <= ctx <= tables.shape[1] * block_size:
+            raise ValueError(f"sequence {s}: {n} new tokens, {ctx} keys, {tables.shape[1]} blocks of {block_size}")
+        blocks = tables[s, : -(-ctx // block_size)]                                       # [blocks]
+        rows = (blocks[:, None] * block_size + torch.arange(block_size, device=q.device)).flatten()[:ctx]
+        k = k_pool[:, rows].float().repeat_interleave(group, dim=0)                       # [heads, ctx, dim]
+        v = v_pool[:, rows].float().repeat_interleave(group, dim=0)                       # [heads, ctx, dim]
+        qs = q[start:end].float().transpose(0, 1)                                         # [heads, n, dim]
+        scores = qs @ k.transpose(1, 2) * scale                                           # [heads, n, ctx]
+        q_pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]                      # [n, 1]
+        k_pos = torch.arange(ctx, device=q.device)[None, :]                               # [1, ctx]
+        allowed = k_pos <= q_pos                                                          # [n, ctx]
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)                   # [heads, n, ctx]
+        out[start:end] = (probs @ v).transpose(0, 1).to(q.dtype)                          # [n, heads, dim]
+    return out
+
+
+def _paged_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, ctx_ptr, qsl_ptr, seq_of_ptr,
+    q_t, q_h, q_d, k_h, k_s, k_d, v_h, v_s, v_d, o_t, o_h, table_stride,
+    scale, window, group, head_dim, block_size,
+    HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)  # the new token
+    h = tl.program_id(1).to(tl.int64)  # its head
+    seq = tl.load(seq_of_ptr + t)
+    q_start = tl.load(qsl_ptr + seq)
+    n_new = tl.load(qsl_ptr + seq + 1) - q_start
+    pos = tl.load(ctx_ptr + seq) - n_new + (t - q_start)  # the query's position in its sequence
+    lo = pos * 0  # the first key it sees
+    if HAS_WINDOW:
+        lo = tl.maximum(pos - window + 1, 0)
+    kv_h = h // group
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    q = tl.load(q_ptr + t * q_t + h * q_h + d * q_d, mask=d_ok, other=0.0).to(tl.float32) * scale  # [BLOCK_D]
+    m = tl.full((), float("-inf"), tl.float32)  # running max of the scores
+    l = tl.full((), 0.0, tl.float32)            # running sum of exp(score - m)
+    acc = tl.zeros((BLOCK_D,), tl.float32)      # running sum of exp(score - m) * v
+    slot = tl.arange(0, BLOCK_N)
+    for b in range(lo // block_size, pos // block_size + 1):  # logical blocks, in order
+        physical = tl.load(tables_ptr + seq * table_stride + b).to(tl.int64)
+        k_pos = b * block_size + slot                                        # [BLOCK_N]
+        ok = (slot < block_size) & (k_pos <= pos) & (k_pos >= lo)            # [BLOCK_N]
+        row = physical * block_size + slot                                   # [BLOCK_N] rows of the pool
+        mask = ok[:, None] & d_ok[None, :]                                   # [BLOCK_N, BLOCK_D]
+        k = tl.load(k_ptr + kv_h * k_h + row[:, None] * k_s + d[None, :] * k_d, mask=mask, other=0.0)
+        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)                    # [BLOCK_N]
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while nothing is seen yet
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe)                                               # [BLOCK_N], 0 where masked
+        v = tl.load(v_ptr + kv_h * v_h + row[:, None] * v_s + d[None, :] * v_d, mask=mask, other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)    # [BLOCK_D]
+        l = l * alpha + tl.sum(p, axis=0)
+        m = m_new
+    tl.store(out_ptr + t * o_t + h * o_h + d, (acc / l).to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@functools.cache
+def _kernel():
+    """The jit kernel, made on first use: ``import triton`` and ``triton.jit`` fix compiled or interpreted
+    (``TRITON_INTERPRET``) when they run, so neither may happen at this module's import."""
+    global tl
+    import triton
+    import triton.language
+
+    tl = triton.language
+    return triton.jit(_paged_attention_kernel)
+
+
+def paged_attention_triton(
+    q: torch.Tensor,                # [tokens, heads, dim]
+    k_pool: torch.Tensor,           # [kv_heads, num_blocks * block_size, dim]
+    v_pool: torch.Tensor,           # [kv_heads, num_blocks * block_size, dim]
+    block_tables: torch.Tensor,     # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,     # [num_seqs] int32, keys per sequence, new tokens included
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    block_size: int,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:                  # [tokens, heads, dim], q's dtype
+    """Triton twin of ``paged_attention_reference``, without host syncs (so the sequences' lengths are not
+    checked: each needs ``new tokens <= context_lens[s] <= its blocks * block_size``). On a CPU it runs in
+    Triton's interpreter."""
+    _check(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, window)
+    if q.device.type != "cuda":
+        from kernels.dispatch import use_interpreter
+
+        use_interpreter()
+    import triton
+
+    tokens, heads, dim = q.shape
+    out = torch.empty((tokens, heads, dim), dtype=q.dtype, device=q.device)
+    if tokens == 0:
+        return out
+    tables = block_tables.to(torch.int32)
+    if tables.stride(-1) != 1:
+        tables = tables.contiguous()
+    qsl = query_start_loc.to(torch.int32).contiguous()
+    ctx = context_lens.to(torch.int32).contiguous()
+    token = torch.arange(tokens, dtype=torch.int32, device=q.device)
+    seq_of = torch.searchsorted(qsl[1:], token, right=True, out_int32=True)  # [tokens] each token's sequence
+    _kernel()[(tokens, heads)](
+        q, k_pool, v_pool, out, tables, ctx, qsl, seq_of,
+        *q.stride(), *k_pool.stride(), *v_pool.stride(), out.stride(0), out.stride(1), tables.stride(0),
+        float(scale), int(window or 0), heads // k_pool.shape[0], dim, block_size,
+        HAS_WINDOW=window is not None, BLOCK_N=triton.next_power_of_2(block_size),
+        BLOCK_D=triton.next_power_of_2(dim),
+    )
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, query_start_loc: torch.Tensor, block_size: int, scale: float,
+    window: int | None = None, backend: str | None = None,
+) -> torch.Tensor:  # [tokens, heads, dim]
+    """Paged attention with ``backend`` ``"auto"`` (None: ``$SPECDEC_KERNELS``, else auto), ``"triton"`` or
+    ``"torch"``, resolved by ``kernels.dispatch.resolve``: Triton on CUDA, the torch reference on a CPU unless
+    Triton is forced (then interpreted, for tests)."""
+    from kernels.dispatch import resolve
+
+    fn = paged_attention_triton if resolve(backend, q.device) == "triton" else paged_attention_reference
+    return fn(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, scale, window)
