@@ -11,6 +11,7 @@ from typing import Any
 from specdec.adaptive import AdaptiveK, calibrate
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible, legacy_speculative_config
 from specdec.decoding import Lookahead, decode
+from specdec.engine.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING
 from specdec.engine.runner import ModelRunner
 from specdec.engine.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
@@ -100,11 +101,17 @@ class LLM:
         draft_dtype: str | None = None,
         kernels: str | None = None,
         lean_forward: bool | None = None,
+        kv_cache_memory: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
         "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
         ``lean_forward``: run both models through specdec's lean forward where their architecture allows
-        (default: yes, ``specdec.engine.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward."""
+        (default: yes, ``specdec.engine.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward.
+        ``kv_cache_memory`` (bytes of each model's KV block pool; default: 2 GiB on CPU, 90% of free memory on
+        CUDA), ``block_size`` and ``enable_prefix_caching``: vLLM's settings of the same names."""
+        kv = {"kv_cache_memory": kv_cache_memory, "block_size": block_size, "enable_prefix_caching": enable_prefix_caching}
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)
@@ -116,7 +123,7 @@ class LLM:
         self.draft: LoadedModel | None = None
         self._draft_worker: DraftWorker | None = None
         self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target",
-                                                       lean_forward=lean_forward), kernels=kernels)
+                                                       lean_forward=lean_forward, **kv), kernels=kernels)
         cfg = self.speculative_config
         if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
             if cfg.max_model_len is not None:
@@ -142,7 +149,7 @@ class LLM:
             # With TLI the draft keeps its own logits; the adapter maps proposals to target ids.
             draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
                                        logits_vocab_size=None if tli else self.target.vocab_size,
-                                       lean_forward=lean_forward)
+                                       lean_forward=lean_forward, **kv)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
                 self._draft_worker = HybridDraftWorker(self._draft_worker, *cfg.lookup_range())

@@ -49,7 +49,7 @@ class PagedPass:
     full attention)."""
 
     def __init__(self, pool: KVPool, tables: list[list[int]], starts: list[int], counts: list[int],
-                 windows: dict[str, int | None]):
+                 windows: dict[str, int | None], kernel: str | None = None):
         self.pool = pool
         bs = pool.block_size
         device = pool.key_data.device
@@ -65,8 +65,9 @@ class PagedPass:
             q0 += n
         self.num_tokens = q0
         self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # [tokens]
-        self.cuda = device.type == "cuda"
-        if self.cuda:
+        # the Triton kernel: on CUDA, or forced ("triton": Triton's interpreter on CPU, for tests)
+        self.kernel = kernel or ("auto" if device.type == "cuda" else None)
+        if self.kernel:
             width = max(len(t) for t in tables)
             self.block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
                                              device=device)  # [seqs, max blocks]
@@ -85,12 +86,12 @@ class PagedPass:
         keys.index_copy_(1, self.slots, k[0])
         values.index_copy_(1, self.slots, v[0])
         heads, tokens, d = q.shape[1], q.shape[2], q.shape[3]
-        if self.cuda:
+        if self.kernel:
             from kernels.paged_attention import paged_attention
 
             out = paged_attention(q[0].transpose(0, 1), keys, values, self.block_tables, self.context_lens,
-                                  self.query_start_loc, scale=scale, window=self.windows[kind],
-                                  block_size=self.pool.block_size)  # [tokens, heads, d]
+                                  self.query_start_loc, self.pool.block_size, scale, window=self.windows[kind],
+                                  backend=self.kernel)  # [tokens, heads, d]
             return out.reshape(1, tokens, heads * d)
         kv_heads = keys.shape[0]
         group = heads // kv_heads

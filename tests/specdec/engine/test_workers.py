@@ -492,21 +492,24 @@ def test_target_worker_verify_rolls_back_rejected_tail(target_lm, hf_greedy):
     assert again == result
 
 
-def test_sync_repairs_a_cache_left_ahead_of_its_tokens(target_lm):
-    """A pass that raised half-way leaves the cache longer than the token list; the next sync must
-    roll the cache back, or stale keys/values would sit at the wrong positions."""
+def test_sync_repairs_blocks_left_ahead_of_its_tokens(target_lm):
+    """A pass that raised half-way leaves blocks reserved (and maybe written) past the tokens; the next sync
+    lets them go, and what it feeds overwrites whatever the failed pass wrote."""
     runner = ModelRunner(target_lm, max_model_len=128, role="target")
     ids = _ids(16, 4)
     seq = runner.get_or_create("s", seed=0)
     runner.forward(seq, ids[:10])
-    del seq.tokens[8:]  # as if the pass feeding ids[8:10] wrote the cache, then failed
-    assert seq.length == 10
+    assert runner._reserve([seq], [40]) == [True]  # as if a pass feeding 40 tokens reserved, then failed
+    assert len(seq.blocks) == 4 and seq.length == 10
     fed = runner.sync(seq, ids)
-    assert fed == ids[8:] and seq.length == 8
+    assert fed == ids[10:] and len(seq.blocks) == 1
     logits = runner.forward(seq, fed)
     with torch.inference_mode():
         fresh = target_lm.model(torch.tensor([ids])).logits[0, -1:]
     torch.testing.assert_close(logits, fresh, rtol=1e-4, atol=1e-4)
+    runner.release("s")
+    runner.kv.blocks.check()
+    assert runner.kv.blocks.num_used == 0
 
 
 def test_a_row_past_max_model_len_fails_alone_in_its_batch(target_lm, draft_lm):
