@@ -174,9 +174,9 @@ class HybridDraftWorker:
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
-        from specdec.engine.workers import ProposeCall
+        from specdec.engine.workers import ProposeCall, until_finished
 
-        (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])
+        result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
         if isinstance(result, BaseException):
             raise result
         return result

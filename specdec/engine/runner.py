@@ -40,6 +40,39 @@ logger = logging.getLogger(__name__)
 DEFAULT_LEAN_FORWARD = True
 
 
+# Chunked prefill: a pass feeds at most this many new tokens when a long prompt is among them, so the other
+# sequences' rounds do not wait for the whole prompt (vLLM's max_num_batched_tokens).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+
+
+class Unfinished:
+    """A row's result when its prompt is prefilled in chunks: this pass fed a chunk (or nothing); the batcher
+    runs the call again in its next batch (``requeue``), where sync feeds what is still missing."""
+
+    requeue = True
+
+    def __repr__(self) -> str:
+        return "UNFINISHED"
+
+
+UNFINISHED = Unfinished()
+
+
+def chunk_budget(feeds: list[int], budget: int, minimum: int) -> list[int]:
+    """How many tokens of each row's feed a pass of at most ``budget`` new tokens takes: short feeds first
+    and whole; the first feed that does not fit gets what is left, at least ``minimum`` (every pass makes
+    progress); the feeds after it wait."""
+    take, left, split = [0] * len(feeds), budget, False
+    for i in sorted(range(len(feeds)), key=feeds.__getitem__):
+        n = min(feeds[i], max(left, 0))
+        if n < feeds[i] and not split:
+            n, split = max(n, min(feeds[i], minimum)), True
+        elif n < feeds[i]:
+            n = 0
+        take[i], left = n, left - n
+    return take
+
+
 @dataclass
 class _Sequence:
     sequence_id: str
@@ -81,6 +114,7 @@ class ModelRunner:
         block_size: int = DEFAULT_BLOCK_SIZE,
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
@@ -135,6 +169,7 @@ class ModelRunner:
                          kv_budget(lm.device, kv_cache_memory, gpu_memory_utilization), block_size,
                          enable_prefix_caching)
         self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
         self._windows = self.net.windows() if self.paged else {}
 
     # -- sequence bookkeeping ------------------------------------------------------------------
@@ -296,12 +331,34 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def forward_batch(self, seqs: list[_Sequence], new_token_ids: list[list[int]],
-                      num_logits: list[int]) -> list[torch.Tensor | SequencePreemptedError]:
+    def forward_batch(self, seqs: list[_Sequence], new_token_ids: list[list[int]], num_logits: list[int],
+                      chunkable: list[bool] | None = None) -> list[torch.Tensor | SequencePreemptedError | Unfinished]:
         """Several sequences in ONE ragged pass; the same results as ``forward`` row by row. A row the pool
-        had no room for is a SequencePreemptedError (its sequence is forgotten; resend its history)."""
+        had no room for is a SequencePreemptedError (its sequence is forgotten; resend its history).
+
+        ``chunkable`` rows may be fed in part when the pass would exceed ``max_num_batched_tokens`` (chunked
+        prefill): such a row's result is UNFINISHED, and calling again with its history feeds the rest."""
         for seq, new in zip(seqs, new_token_ids):
             self.check_append(seq, new)
+        unfinished = set()
+        feeds = [len(n) for n in new_token_ids]
+        if chunkable is not None and sum(feeds) > self.max_num_batched_tokens:
+            whole = sum(f for f, c in zip(feeds, chunkable) if not c)
+            take = chunk_budget([f if c else 0 for f, c in zip(feeds, chunkable)],
+                                self.max_num_batched_tokens - whole, self.block_size)
+            for i, c in enumerate(chunkable):
+                if c and take[i] < feeds[i]:
+                    unfinished.add(i)
+                    new_token_ids = [*new_token_ids[:i], new_token_ids[i][:take[i]], *new_token_ids[i + 1:]]
+                    num_logits = [*num_logits[:i], 0, *num_logits[i + 1:]]
+            keep = [i for i in range(len(seqs)) if i not in unfinished or take[i] > 0]
+            if len(keep) < len(seqs):
+                out = self.forward_batch([seqs[i] for i in keep], [new_token_ids[i] for i in keep],
+                                         [num_logits[i] for i in keep])
+                results: list = [UNFINISHED] * len(seqs)
+                for i, o in zip(keep, out):
+                    results[i] = UNFINISHED if i in unfinished and isinstance(o, torch.Tensor) else o
+                return results
         ok = self._reserve(seqs, [len(n) for n in new_token_ids])
         results: list = [None if ok[i] else SequencePreemptedError(
             f"{self.role}: the KV cache is full; sequence {s.sequence_id!r} was preempted: resend its history")
@@ -316,7 +373,7 @@ class ModelRunner:
             out = [self._forward_copied(seqs[i], new_token_ids[i], num_logits[i]) for i in rows]
         for i, logits in zip(rows, out):
             seqs[i].tokens.extend(new_token_ids[i])
-            results[i] = self._align_vocab(logits.float())
+            results[i] = UNFINISHED if i in unfinished else self._align_vocab(logits.float())
         return results
 
     def _forward_paged(self, seqs: list[_Sequence], news: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
@@ -329,7 +386,7 @@ class ModelRunner:
         for n, m in zip(counts, num_logits):  # each row's last m positions reach the LM head
             keep += range(offset + n - m, offset + n)
             offset += n
-        logits = self.net.forward_paged(ids, positions, paged, torch.tensor(keep, device=device))  # [rows, vocab]
+        logits = self.net.forward_paged(ids, positions, paged, torch.tensor(keep, dtype=torch.long, device=device))  # [rows, vocab]
         return list(logits.split(num_logits))
 
     def _forward_copied(self, seq: _Sequence, new: list[int], num_logits: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from kernels.dispatch import accept_batch, resolve
 from specdec.rejection import RaggedBatch
-from specdec.engine.runner import ModelRunner, _Sequence
+from specdec.engine.runner import UNFINISHED, ModelRunner, _Sequence
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 
 
@@ -34,6 +34,14 @@ class VerifyCall:
     token_ids: list[int]  # the sequence's full committed history
     proposal: Proposal
     params: SamplingParams
+
+
+def until_finished(run_batch, call):
+    """``run_batch([call])``'s one result, run again while its prompt is being prefilled in chunks."""
+    while True:
+        (result,) = run_batch([call])
+        if result is not UNFINISHED:
+            return result
 
 
 def _per_call(calls, prepare):
@@ -69,7 +77,7 @@ class DraftWorker:
         self.top_n = top_n
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
-        (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])
+        result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
         if isinstance(result, BaseException):
             raise result
         return result
@@ -108,16 +116,19 @@ class DraftWorker:
             rows = [r for r in rows if r[1].num_speculative_tokens > 0]
             if not rows:
                 return results
-            logits = runner.forward_batch([r[2] for r in rows], [r[3] for r in rows], [1] * len(rows))
+            logits = runner.forward_batch([r[2] for r in rows], [r[3] for r in rows], [1] * len(rows),
+                                          chunkable=[True] * len(rows))
             tli = self.tli
             drafts: list[list[int]] = [[] for _ in rows]  # draft-model ids (fed back to the draft)
             qs: list[list[torch.Tensor]] = [[] for _ in rows]
             active = list(range(len(rows)))
-            stopped: set[int] = set()  # rows the KV pool preempted: they propose what they drafted so far
+            # rows the KV pool preempted (they propose what they drafted so far) or whose prompt is prefilled
+            # in chunks (UNFINISHED: the batcher runs them again)
+            stopped: dict[int, Any] = {}
             while active:
                 for j, row_logits in zip(active, logits):
-                    if isinstance(row_logits, SpecDecError):
-                        stopped.add(j)
+                    if not isinstance(row_logits, torch.Tensor):
+                        stopped[j] = row_logits
                         continue
                     _, call, seq, _, probabilistic = rows[j]
                     last = row_logits[-1]  # [vocab]
@@ -137,6 +148,9 @@ class DraftWorker:
                     logits = runner.forward_batch([rows[j][2] for j in active], [[drafts[j][-1]] for j in active],
                                                   [1] * len(active))
             for j, (i, call, _seq, _new, probabilistic) in enumerate(rows):
+                if stopped.get(j) is UNFINISHED:
+                    results[i] = UNFINISHED
+                    continue
                 if tli is None:
                     proposed = drafts[j]
                 elif tli.text_proposals(not probabilistic):
@@ -167,7 +181,7 @@ class TargetWorker:
             raise ConfigError(str(exc)) from None
 
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
-        (result,) = self.verify_batch([VerifyCall(sequence_id, token_ids, proposal, params)])
+        result = until_finished(self.verify_batch, VerifyCall(sequence_id, token_ids, proposal, params))
         if isinstance(result, BaseException):
             raise result
         return result
@@ -192,11 +206,11 @@ class TargetWorker:
                 all_logits = runner.forward_batch(
                     [r[2] for r in rows], [r[3] for r in rows],
                     [len(r[3]) if r[1].params.prompt_logprobs is not None else len(r[1].proposal.draft_token_ids) + 1
-                     for r in rows])
+                     for r in rows], chunkable=[r[1].params.prompt_logprobs is None for r in rows])
                 for r, lg in zip(rows, all_logits):
-                    if isinstance(lg, SpecDecError):  # preempted: the pool had no room for it
+                    if not isinstance(lg, torch.Tensor):  # preempted (no room in the pool), or a prefill chunk
                         results[r[0]] = lg
-                all_logits = [lg for lg in all_logits if not isinstance(lg, SpecDecError)]
+                all_logits = [lg for lg in all_logits if isinstance(lg, torch.Tensor)]
                 rows = [r for r in rows if results[r[0]] is None]
                 if not rows:
                     return results

@@ -197,7 +197,8 @@ class ContinuousBatcher(Generic[T, R]):
             self._scheduled = False
         if not self._queue.empty():  # a backlog past max_batch_size: its next batch takes its turn
             self._schedule()
-        live = [(item, fut) for item, fut in batch if fut.set_running_or_notify_cancel()]
+        # a requeued call (a prompt prefilled in chunks) is running already
+        live = [(item, fut) for item, fut in batch if fut.running() or fut.set_running_or_notify_cancel()]
         if live:
             self._run(live)
 
@@ -238,11 +239,17 @@ class ContinuousBatcher(Generic[T, R]):
         if self._on_batch_done is not None:
             self._on_batch_done([start - getattr(fut, "submitted", start) for _, fut in batch],
                                 time.monotonic() - start)
-        for (_, fut), res in zip(batch, results):
-            if isinstance(res, BaseException):
+        requeued = False
+        for (item, fut), res in zip(batch, results):
+            if getattr(res, "requeue", False):  # unfinished (chunked prefill): the next batch runs it again
+                self._queue.put((item, fut))
+                requeued = True
+            elif isinstance(res, BaseException):
                 fut.set_exception(res)
             else:
                 fut.set_result(res)
+        if requeued:
+            self._schedule()
 
 
 def _group_status(batch: list) -> tuple[bool, bool]:

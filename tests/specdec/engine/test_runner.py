@@ -163,3 +163,37 @@ def test_prompt_logprobs_score_every_position_even_when_the_prefix_is_cached(tar
     runner.release("a")
     res = worker.verify("b", prompt, Proposal([]), SamplingParams(temperature=0, prompt_logprobs=1))
     assert len(res.prompt_logprobs) == len(prompt) - 1
+
+
+def test_chunk_budget_takes_short_feeds_whole_and_splits_one_long_feed():
+    from specdec.engine.runner import chunk_budget
+
+    assert chunk_budget([2, 2, 3], 512, 16) == [2, 2, 3]
+    assert chunk_budget([2, 1000, 3, 900], 512, 16) == [2, 0, 3, 507]  # the shorter prompt first
+    assert chunk_budget([600, 2], 1, 16) == [0, 2]  # a pass always makes progress
+    assert chunk_budget([600], 0, 16) == [16]
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_short_rows_with_the_same_logits(target_lm):
+    from specdec.engine.runner import UNFINISHED
+
+    runner = ModelRunner(target_lm, 256, role="target", max_num_batched_tokens=40)
+    plain = ModelRunner(target_lm, 256, role="target")
+    short, long = _ids(10, 7), _ids(100, 8)
+    s = runner.get_or_create("short", seed=0)
+    runner.forward(s, runner.sync(s, short))
+    short = short + [3]
+    l_seq = runner.get_or_create("long", seed=0)
+    passes = 0
+    while True:
+        out = runner.forward_batch([s, l_seq], [runner.sync(s, short), runner.sync(l_seq, long)], [1, 1],
+                                   chunkable=[True, True])
+        passes += 1
+        assert isinstance(out[0], torch.Tensor)  # the short row is answered every pass
+        short = short + [int(out[0][-1].argmax())]
+        if out[1] is not UNFINISHED:
+            break
+        assert l_seq.length < len(long)
+    assert passes == 3 and l_seq.length == len(long)  # 39 + 39 + 22 tokens beside one each for the short row
+    ref = plain.get_or_create("long", seed=0)
+    torch.testing.assert_close(out[1], plain.forward(ref, plain.sync(ref, long)), rtol=1e-4, atol=1e-4)
