@@ -149,7 +149,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 
 
 def _shipped_draft(name: str) -> Path:
-    return Path(__file__).resolve().parent / "assets" / name
+    return Path(__file__).resolve().parents[1] / "assets" / name  # specdec/assets
 
 
 # Drafts distilled with `specdec distill` and shipped inside the package (normal HF folders).

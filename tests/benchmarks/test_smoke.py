@@ -111,16 +111,20 @@ def check(exp: Expected, stdout: str, data: dict) -> None:
             assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), (key, r)
         if "identical" in r:
             assert isinstance(r["identical"], bool), r
-    # the table: its header, a rule, then one line per JSON row, in order
+    check_table(stdout, exp.columns, exp.label, rows)
+
+
+def check_table(stdout: str, columns: list[str], label: str, rows: list[dict]) -> None:
+    """The printed table: its header, a rule, then one line per JSON row, in order."""
     lines = stdout.splitlines()
-    header = [i for i, line in enumerate(lines) if re.split(r"\s{2,}", line.strip()) == exp.columns]
-    assert len(header) == 1, f"no table with columns {exp.columns} in:\n{stdout}"
+    header = [i for i, line in enumerate(lines) if re.split(r"\s{2,}", line.strip()) == columns]
+    assert len(header) == 1, f"no table with columns {columns} in:\n{stdout}"
     i = header[0]
     assert set(lines[i + 1]) <= {"-", " "}
     body = lines[i + 2:i + 2 + len(rows)]
     assert len(body) == len(rows), f"table rows missing:\n{stdout}"
     for line, r in zip(body, rows):
-        assert line.startswith(r[exp.label]), (line, r)
+        assert line.startswith(r[label]), (line, r)
 
 
 def check_offline(data: dict) -> None:
@@ -355,3 +359,42 @@ def test_smoke_kernels(tmp_path):
     stdout, data = run_smoke(KERNELS, tmp_path)
     check(KERNELS, stdout, data)
     assert all(r["identical"] is True for r in data["rows"]), data["rows"]  # Triton made torch's decisions
+
+
+# --------------------------------------------------------------------------------------------------
+# bench_kv_serving.py: the KV block pool through three `specdec serve` subprocesses, ~1 minute
+
+KV_SERVING_TABLES = {  # section: (its table's columns, the label column, the labels)
+    "long": (["mode", "streams", "decode tokens/s", "x sequential", "e2e tokens/s", "TTFT p50 s", "TTFT max s",
+              "prefix hits", "identical"], "mode", ["sequential", "concurrent"]),
+    "prefix": (["requests", "TTFT s", "x request 1", "e2e s", "prefix hit rate"], "requests",
+               ["request 1 (cold)", "requests 2-4 (median)"]),
+    "memory": (["quantity", "MiB", "peak / it", "peak within"], "quantity",
+               ["peak RSS during the burst", "start-up RSS (after warm-up)", "weights (target + draft)",
+                "KV (budgets, capped by the load)", "1.25 x (weights + KV)", "1.25 x (start-up RSS + KV)"]),
+}
+
+
+def test_smoke_kv_serving(tmp_path):
+    stdout, data = run_smoke(Expected("bench_kv_serving.py", [], "", [], set()), tmp_path)
+    assert data["smoke"] is True and {"platform", "threads", "torch"} <= set(data["machine"])
+    for section, (columns, label, labels) in KV_SERVING_TABLES.items():
+        rows = data["sections"][section]["rows"]
+        assert [r[label] for r in rows] == labels
+        assert all(set(r) <= set(columns) for r in rows), rows
+        check_table(stdout, columns, label, rows)
+    long, prefix, memory = (data["sections"][s] for s in KV_SERVING_TABLES)
+    # greedy fp32: the same tokens one after another and all at once; every burst request answered and equal alone
+    assert all(r["identical"] is True for r in long["rows"]) and long["mismatched_streams"] == []
+    assert all(isinstance(r["decode tokens/s"], float) and r["TTFT max s"] > 0 for r in long["rows"])
+    assert len(prefix["requests"]) == 4 and all(r["ttft"] > 0 for r in prefix["requests"])
+    assert memory["answered_200"] == memory["requests"] == 12
+    assert memory["alone_checked"] == memory["alone_identical"] == 12 and memory["mismatched_requests"] == []
+    assert data["models"]["target"]["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # layers, K+V, kv heads, dim, fp32
+    assert memory["peak_rss_bytes"] > 0 and memory["startup_rss_bytes"] > 0 and memory["processes"]
+    # serve's KV flags are used where it has them
+    has_budget = data["serve_flags"]["--kv-cache-memory"]
+    assert ("--kv-cache-memory" in memory["serve_flags"]) == has_budget
+    assert long["prefix_caching_off"] == data["serve_flags"]["--no-enable-prefix-caching"]
+    for name, ok in data["checks"].items():
+        assert f"{'PASS' if ok else 'FAIL'}: {name}" in stdout
