@@ -278,8 +278,9 @@ def test_real_models_lean_logits_equal_transformers(name, dtype):
     lean = ModelRunner(lm, 4096, role="target")
     assert type(lean.net) is (LeanGemma3Decoder if name == "gemma-3-270m" else LeanDecoder)
     ref = _real_passes(ModelRunner(lm, 4096, role="target", lean_forward=False), ids)
-    # measured: fp32 within 1.3e-4 of logits up to ~37; bf16 within 0.41 (2 units in the last place)
-    tol = dict(rtol=1e-4, atol=1e-3) if dtype == "float32" else dict(rtol=0.02, atol=0.5)
+    # measured: fp32 within 1.3e-4 of logits up to ~37; bf16 within 0.41 (2 units in the last place) on AMD EPYC
+    # (avx512_bf16), 0.61 on Intel Xeon with AMX (oneDNN's AMX tiles sum in another order): a few units
+    tol = dict(rtol=1e-4, atol=1e-3) if dtype == "float32" else dict(rtol=0.02, atol=1.0)
     for x, y in zip(ref, _real_passes(lean, ids)):
         torch.testing.assert_close(y, x, **tol)
         if dtype == "float32":
