@@ -8,11 +8,10 @@ layer, masks only where a pass needs them, and :class:`specdec.engine.lean_linea
 fastest formulation per row count: a pass of 3-5 tokens costs little more than one).
 
 It reads the model's own parameters (fused copies of the projection weights, and oneDNN-reordered copies
-on CPU, are made once), speaks the same call as the transformers model (``input_ids``, ``position_ids``, a
-``Cache`` whose layers have ``update``, an optional ``attention_mask``: an additive or boolean
-``[batch, 1, query, key]`` tensor, or a dict of them by layer type, ``logits_to_keep``), and returns an
-object with ``.logits``; the runner calls :meth:`LeanDecoder.forward_paged` instead, a ragged pass over its KV
-pool (``specdec.engine.attention``). Anything it
+on CPU, are made once). The runner calls :meth:`LeanDecoder.forward_paged`: the new tokens of many sequences
+as one flat batch over its KV pool (``specdec.engine.attention``). Called like the transformers model for one
+sequence (``input_ids``, ``position_ids``, a ``Cache`` whose layers have ``update``, ``logits_to_keep``), it
+returns an object with ``.logits`` (the tests compare the two forwards that way). Anything it
 does not support (another architecture, MLP biases, tensor-parallel splits, rope that rescales with the
 length) makes :func:`unsupported_reason` say why and :func:`lean_decoder` return None; the runner then logs
 the reason and keeps the transformers forward.
@@ -197,31 +196,23 @@ class LeanDecoder:
                                               enable_gqa=self.kv_heads != self.heads)
         return attn.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
 
-    def _masks(self, attention_mask: Any, position_ids: torch.Tensor, past: int, n: int) -> dict:
-        """Per layer kind: (mask or None, first key position attended). With no mask given (one sequence),
-        new tokens see the cache and the new tokens before them, and no more than the window on sliding layers
-        (whose keys before the window are cut off instead of masked). A given mask (a padded batch) is used as
-        is; a single tensor is narrowed to the window on sliding layers."""
-        kinds = {layer.kind for layer in self.layers}
-        device = position_ids.device
+    def _masks(self, past: int, n: int, device: torch.device) -> dict:
+        """Per layer kind: (mask or None, first key position attended) for one sequence's pass over a
+        ``Cache``: new tokens see the cache and the new tokens before them, and no more than the window on
+        sliding layers (whose keys before the window are cut off instead of masked)."""
         out = {}
-        for kind in kinds:
+        for kind in {layer.kind for layer in self.layers}:
             window = self.window if kind == SLIDING else None
-            if isinstance(attention_mask, dict):
-                out[kind] = (attention_mask[kind], 0)
-            elif attention_mask is not None:
-                out[kind] = (attention_mask if window is None else _narrow(attention_mask, position_ids, window), 0)
-            else:
-                start = max(0, past + 1 - window) if window else 0
-                if n == 1:  # one new token sees every key kept
-                    out[kind] = (None, start)
-                    continue
-                kv = torch.arange(start, past + n, device=device)  # absolute key positions
-                q = past + torch.arange(n, device=device)[:, None]
-                allowed = kv[None, :] <= q  # [n, keys]
-                if window:
-                    allowed &= kv[None, :] > q - window
-                out[kind] = (allowed, start)
+            start = max(0, past + 1 - window) if window else 0
+            if n == 1:  # one new token sees every key kept
+                out[kind] = (None, start)
+                continue
+            kv = torch.arange(start, past + n, device=device)  # absolute key positions
+            q = past + torch.arange(n, device=device)[:, None]
+            allowed = kv[None, :] <= q  # [n, keys]
+            if window:
+                allowed &= kv[None, :] > q - window
+            out[kind] = (allowed, start)
         return out
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -251,30 +242,20 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Any = None,
-                 attention_mask: Any = None, logits_to_keep: int = 0, past_key_values: Any = None,
-                 use_cache: bool = True) -> SimpleNamespace:
+                 logits_to_keep: int = 0, past_key_values: Any = None, use_cache: bool = True) -> SimpleNamespace:
+        """One sequence's pass over a transformers ``Cache`` (``input_ids`` [1, n]), as the model is called."""
         cache = cache if cache is not None else past_key_values
         if cache is None:
             raise ValueError("LeanDecoder needs a cache (it serves cached inference only)")
         n = input_ids.shape[1]
         x = self._embed(input_ids)
         rope = self._rope(x, position_ids)
-        masks = self._masks(attention_mask, position_ids, cache.get_seq_length() if attention_mask is None else 0, n)
+        masks = self._masks(cache.get_seq_length(), n, input_ids.device)
         for i, layer in enumerate(self.layers):
             x = self._block(i, layer, x, rope, masks, cache)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return SimpleNamespace(logits=self._logits(x))
-
-
-def _narrow(mask: torch.Tensor, position_ids: torch.Tensor, window: int) -> torch.Tensor:
-    """A [b, 1, n, keys] mask (additive or boolean, key index = position) also hiding keys at or before
-    position - window."""
-    kv = torch.arange(mask.shape[-1], device=mask.device)
-    inside = kv > position_ids[:, None, :, None] - window  # [b, 1, n, keys]
-    if mask.dtype == torch.bool:
-        return mask & inside
-    return mask.masked_fill(~inside, torch.finfo(mask.dtype).min)
 
 
 def decoder_class(model: Any) -> type[LeanDecoder]:
