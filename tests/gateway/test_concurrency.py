@@ -16,7 +16,6 @@ from tests.services_conftest_helpers import (
     collect,
     generate,
     generate_request,
-    hooked,
     offline_greedy,
     wait_released,
 )
