@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import warnings
 from dataclasses import dataclass, fields
 from typing import Any
@@ -39,6 +40,35 @@ DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE = 3
 # The OpenAI HTTP port of `specdec serve`, docker-compose and the chart (the gateway alone has none unless
 # --http-port is given), and where `specdec bench` looks by default.
 DEFAULT_HTTP_PORT = 8000
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+               "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30,
+               "ti": 2**40, "tib": 2**40}
+_BYTE_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_byte_size(value: "str | int | float") -> int:
+    """A number of bytes from ``2GiB``, ``512MiB``, ``1.5GB``, ``1e9``, ``2Gi`` or a plain integer.
+
+    Units are case-insensitive: k/KB/M/MB/G/GB/T/TB are powers of 1000, Ki/KiB/Mi/MiB/Gi/GiB/Ti/TiB powers
+    of 1024 (as Kubernetes' quantities). The result must be a whole, positive number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size in bytes, got {value!r}")
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        number, unit = float(value), ""
+    else:
+        text = str(value)
+        match = _BYTE_SIZE.match(text)
+        if match is None or match.group(2).lower() not in _BYTE_UNITS:
+            raise ValueError(f"expected a size in bytes such as 2GiB, 512MiB, 1e9 or 1073741824, got {text!r}")
+        digits, unit = match.group(1), match.group(2).lower()
+        number = int(digits) if digits.isdigit() else float(digits)  # whole numbers stay exact
+    size = number * _BYTE_UNITS[unit]
+    if size != size or size < 1 or size != int(size):  # NaN, zero / negative, fractions of a byte
+        raise ValueError(f"expected a whole, positive number of bytes, got {text!r}")
+    return int(size)
 
 
 @dataclass(frozen=True)

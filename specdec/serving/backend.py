@@ -11,11 +11,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from specdec.config import DEFAULT_TARGET
+from specdec.config import DEFAULT_TARGET, parse_byte_size
 from specdec.errors import InvalidRequestError, SequenceNotFoundError
 from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
+from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING,
+                                     DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_CACHE_MEMORY)
 from specdec.engine.runner import DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
@@ -48,6 +50,19 @@ class BackendConfig:
         "help": "run forward passes through specdec's lean forward where the model's architecture allows it (Llama "
                 "family, Gemma-3; else transformers' forward, the reason logged); --no-lean-forward: transformers' "
                 "forward always"})
+    # The KV block pool of the model (vLLM's paged KV cache: --kv-cache-memory-bytes, --block-size,
+    # --enable-prefix-caching, --gpu-memory-utilization).
+    kv_cache_memory: int | None = field(default=None, metadata={
+        "parse": parse_byte_size, "metavar": "BYTES",
+        "help": "bytes of the KV cache pool, e.g. 2GiB, 512MiB, 1e9 (vLLM's kv_cache_memory_bytes; default: "
+                f"{DEFAULT_KV_CACHE_MEMORY // 2**30}GiB on CPU, on CUDA --gpu-memory-utilization of the device's memory "
+                "less what is in use)"})
+    block_size: int = field(default=DEFAULT_BLOCK_SIZE, metadata={"help": "tokens per KV cache block"})
+    enable_prefix_caching: bool = field(default=DEFAULT_ENABLE_PREFIX_CACHING, metadata={
+        "help": "share the KV blocks of equal prefixes between sequences (--no-enable-prefix-caching: never)"})
+    gpu_memory_utilization: float = field(default=DEFAULT_GPU_MEMORY_UTILIZATION, metadata={
+        "help": "on CUDA without --kv-cache-memory: the fraction of the device's memory the KV pool may fill up to "
+                "(what is in use already counts against it)"})
 
 
 def cpu_threads(requested: int) -> int:
@@ -101,7 +116,9 @@ class Backend:
         limit = model_max_len(self.lm)
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         self.runner = ModelRunner(self.lm, self.max_model_len, role=self.role, max_sequences=cfg.max_sequences,
-                                  lean_forward=cfg.lean_forward)
+                                  lean_forward=cfg.lean_forward, kv_cache_memory=cfg.kv_cache_memory,
+                                  block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
+                                  gpu_memory_utilization=cfg.gpu_memory_utilization)
         if self.role == "draft":
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)

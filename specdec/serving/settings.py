@@ -7,7 +7,9 @@ environment variables, which win over defaults.
 A ``list[...]`` field takes a comma-separated list, from its environment variable or from its flag, and
 the flag may be given more than once (``--api-key a --api-key b`` = ``--api-key a,b``); the flags then
 replace the variable's list, they do not add to it. Blank items are dropped, so an empty variable is an
-empty list. A field with ``metadata={"secret": True}`` never shows its value in ``--help``.
+empty list. A field with ``metadata={"secret": True}`` never shows its value in ``--help``. A field with
+``metadata={"parse": function}`` reads its text with that function (e.g. ``specdec.config.parse_byte_size``:
+``2GiB``), whose ValueError message is shown as the error; ``"metavar"`` names the value in ``--help``.
 """
 
 from __future__ import annotations
@@ -84,16 +86,19 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
 
 
-def _converter(tp: type, optional: bool, env: str | None = None):
-    base = _parse_bool if tp is bool else tp
+def _converter(tp: type, optional: bool, env: str | None = None, parse=None):
+    """``parse``: the field's own reader of its text (its ValueError's message is the error shown)."""
+    base = parse or (_parse_bool if tp is bool else tp)
 
     def convert(text: str):
         if optional and text.strip().lower() in ("", "none", "null"):
             return None
         try:
             return base(text)
-        except (ValueError, argparse.ArgumentTypeError):
+        except (ValueError, argparse.ArgumentTypeError) as exc:
             source = f" (from the environment variable {env})" if env and os.environ.get(env) == text else ""
+            if parse is not None:
+                raise argparse.ArgumentTypeError(f"{exc}{source}") from None
             kind = "a boolean (true/false)" if tp is bool else tp.__name__
             raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}{source}") from None
 
@@ -112,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
         item = _list_item_type(hints[f.name])
         tp, optional = (item, False) if item is not None else _base_type(hints[f.name])
         env = env_name(env_prefix, f.name)
-        convert = _converter(tp, optional, env)
+        convert = _converter(tp, optional, env, f.metadata.get("parse"))
         extra: dict[str, Any] = {}
         if item is not None:
             convert = _list_converter(convert)
@@ -140,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, env_prefix: str, s
             dest=f.name,
             type=convert,
             default=default,
-            metavar=tp.__name__.upper(),
+            metavar=f.metadata.get("metavar", tp.__name__.upper()),
             help=f"{help_text} (env {env}; default {shown})".replace("%", "%%"),
             **extra,
         )

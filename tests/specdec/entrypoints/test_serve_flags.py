@@ -176,3 +176,22 @@ def test_parts_take_the_speculative_config_defaults():
             if name in ("model", "target_tokenizer", "max_model_len", "revision"):
                 continue  # the model names are the default pair's; the rest: "the model's" / none on both sides
             assert getattr(default, name) == spec_defaults[key].default, (role, name)
+
+
+def test_kv_cache_flags_reach_both_backends_and_the_draft_may_differ(monkeypatch):
+    """--kv-cache-memory (byte sizes: 2GiB), --block-size, --enable-prefix-caching and --gpu-memory-utilization
+    set target and draft; --draft-<flag> the draft apart; SPECDEC_SERVE_* work as well."""
+    cfg, spec = _serve(["t", "--speculative-config", '{"model": "d"}', "--kv-cache-memory", "2GiB", "--block-size", "32",
+                        "--gpu-memory-utilization", "0.8", "--draft-kv-cache-memory", "256MiB",
+                        "--no-draft-enable-prefix-caching"])
+    target, draft, _ = part_configs(cfg, spec, "t")
+    assert (target.kv_cache_memory, draft.kv_cache_memory) == (2 * 1024**3, 256 * 1024**2)
+    assert target.block_size == draft.block_size == 32
+    assert target.gpu_memory_utilization == draft.gpu_memory_utilization == 0.8
+    assert (target.enable_prefix_caching, draft.enable_prefix_caching) == (True, False)
+    monkeypatch.setenv("SPECDEC_SERVE_KV_CACHE_MEMORY", "1e9")
+    monkeypatch.setenv("SPECDEC_SERVE_ENABLE_PREFIX_CACHING", "false")
+    cfg, spec = _serve(["t", "--speculative-config", '{"model": "d"}'])
+    target, draft, _ = part_configs(cfg, spec, "t")
+    assert target.kv_cache_memory == draft.kv_cache_memory == 10**9
+    assert target.enable_prefix_caching is draft.enable_prefix_caching is False

@@ -248,3 +248,52 @@ def test_gateway_backend_tls_and_https_flags(monkeypatch):
                                                 "--api-key-file", "/keys"])
     assert (cfg.backend_tls_ca_file, cfg.backend_tls_cert_file, cfg.backend_tls_key_file) == ("/ca.pem", "/c.pem", "/k.pem")
     assert (cfg.ssl_certfile, cfg.ssl_keyfile, cfg.api_key_file) == ("/s.pem", "/s.key", "/keys")
+
+
+# -- the KV cache pool's settings (a size in bytes reads units) ------------------------------------------
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("2GiB", 2 * 1024**3), ("512MiB", 512 * 1024**2), ("1e9", 10**9), ("1073741824", 2**30), ("1.5GB", 1_500_000_000),
+    ("2Gi", 2 * 1024**3), ("64 KiB", 65536), ("3k", 3000), ("9007199254740993", 9007199254740993),
+])
+def test_kv_cache_memory_takes_byte_sizes(monkeypatch, text, size):
+    from specdec.config import parse_byte_size
+
+    assert parse_byte_size(text) == size
+    monkeypatch.setenv("SPECDEC_TARGET_KV_CACHE_MEMORY", text)
+    assert parse(TargetServiceConfig, TARGET_PREFIX).kv_cache_memory == size
+    assert parse(DraftServiceConfig, DRAFT_PREFIX, ["--kv-cache-memory", text]).kv_cache_memory == size
+
+
+@pytest.mark.parametrize("text", ["lots", "2XB", "0", "-1GiB", "1.5", "1e-3", "GiB", "nan"])
+def test_a_bad_kv_cache_memory_is_a_clear_error(monkeypatch, capsys, text):
+    from specdec.config import parse_byte_size
+
+    with pytest.raises(ValueError, match="bytes"):
+        parse_byte_size(text)
+    monkeypatch.setenv("SPECDEC_TARGET_KV_CACHE_MEMORY", text)
+    with pytest.raises(SystemExit):
+        parse(TargetServiceConfig, TARGET_PREFIX)
+    err = capsys.readouterr().err
+    assert "SPECDEC_TARGET_KV_CACHE_MEMORY" in err and repr(text) in err and "bytes" in err
+    with pytest.raises(SystemExit):
+        parse(TargetServiceConfig, TARGET_PREFIX, ["--kv-cache-memory", text])
+    assert "--kv-cache-memory" in capsys.readouterr().err
+
+
+def test_the_kv_pool_settings_default_to_the_engines_and_read_their_env_vars(monkeypatch):
+    from specdec.engine import kv_cache
+
+    cfg = parse(TargetServiceConfig, TARGET_PREFIX)
+    assert cfg.kv_cache_memory is None  # the engine's default: DEFAULT_KV_CACHE_MEMORY on CPU, a share of a GPU
+    assert (cfg.block_size, cfg.enable_prefix_caching, cfg.gpu_memory_utilization) == (
+        kv_cache.DEFAULT_BLOCK_SIZE, kv_cache.DEFAULT_ENABLE_PREFIX_CACHING, kv_cache.DEFAULT_GPU_MEMORY_UTILIZATION)
+    monkeypatch.setenv("SPECDEC_DRAFT_BLOCK_SIZE", "32")
+    monkeypatch.setenv("SPECDEC_DRAFT_ENABLE_PREFIX_CACHING", "false")
+    monkeypatch.setenv("SPECDEC_DRAFT_GPU_MEMORY_UTILIZATION", "0.5")
+    cfg = parse(DraftServiceConfig, DRAFT_PREFIX)
+    assert (cfg.block_size, cfg.enable_prefix_caching, cfg.gpu_memory_utilization) == (32, False, 0.5)
+    assert parse(DraftServiceConfig, DRAFT_PREFIX, ["--enable-prefix-caching"]).enable_prefix_caching is True
+    help_text = argparse.ArgumentParser()
+    settings.add_arguments(help_text, TargetServiceConfig, TARGET_PREFIX)
+    assert "--kv-cache-memory BYTES" in help_text.format_help()
