@@ -266,7 +266,9 @@ class Backend:
             return {"model_name": "ngram", "vocab_size": 0, "tokenizer_fingerprint": "", "dtype": "", "device": "cpu",
                     "max_num_speculative_tokens": MAX_NUM_SPECULATIVE_TOKENS, "max_model_len": self.max_model_len,
                     "eos_token_ids": [], "model_source": "", "max_sequences": self.config.max_sequences,
-                    "proposal_tokenizer_fingerprint": "", "method": "ngram"}
+                    "proposal_tokenizer_fingerprint": "", "method": "ngram", "kv_cache_capacity_tokens": 0,
+                    "block_size": 0, "enable_prefix_caching": False}
+        kv = self.runner.kv_stats()
         return {
             "method": "hybrid" if self.lookup is not None else "draft_model" if self.role == "draft" else "",
             "model_name": self.config.model,
@@ -280,4 +282,7 @@ class Backend:
             "model_source": lm.source,
             "max_sequences": self.config.max_sequences,
             "proposal_tokenizer_fingerprint": self.tli.target_fingerprint if self.tli else lm.tokenizer_fingerprint,
+            "kv_cache_capacity_tokens": kv.capacity_tokens,
+            "block_size": kv.block_size,
+            "enable_prefix_caching": self.config.enable_prefix_caching,
         }

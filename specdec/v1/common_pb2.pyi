@@ -56,7 +56,7 @@ class TokenDistribution(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "dtype", "device", "max_num_speculative_tokens", "max_model_len", "eos_token_ids", "model_source", "max_sequences", "proposal_tokenizer_fingerprint", "method")
+    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "dtype", "device", "max_num_speculative_tokens", "max_model_len", "eos_token_ids", "model_source", "max_sequences", "proposal_tokenizer_fingerprint", "method", "kv_cache_capacity_tokens", "block_size", "enable_prefix_caching")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,9 @@ class ModelInfo(_message.Message):
     MAX_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     PROPOSAL_TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     tokenizer_fingerprint: str
@@ -81,7 +84,10 @@ class ModelInfo(_message.Message):
     max_sequences: int
     proposal_tokenizer_fingerprint: str
     method: str
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_source: _Optional[str] = ..., max_sequences: _Optional[int] = ..., proposal_tokenizer_fingerprint: _Optional[str] = ..., method: _Optional[str] = ...) -> None: ...
+    kv_cache_capacity_tokens: int
+    block_size: int
+    enable_prefix_caching: bool
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_source: _Optional[str] = ..., max_sequences: _Optional[int] = ..., proposal_tokenizer_fingerprint: _Optional[str] = ..., method: _Optional[str] = ..., kv_cache_capacity_tokens: _Optional[int] = ..., block_size: _Optional[int] = ..., enable_prefix_caching: _Optional[bool] = ...) -> None: ...
 
 class SpecDecodeStats(_message.Message):
     __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_target_passes", "acceptance_rate", "mean_acceptance_length")

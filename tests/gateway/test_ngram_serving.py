@@ -43,6 +43,10 @@ def test_served_lookup_drafting_equals_the_target_alone(target_dir, good_draft_d
             stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
             info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
             assert info.draft.method == ("ngram" if "method" in spec else "hybrid")
+            assert info.target.kv_cache_capacity_tokens > 0 and info.target.block_size > 0
+            if "method" in spec:  # no model, no KV pool
+                assert (info.draft.kv_cache_capacity_tokens, info.draft.block_size) == (0, 0)
+                assert not info.draft.enable_prefix_caching
             drafted = 0
             for prompt in PROMPTS:
                 out = generate(stub, generate_request(prompt, max_tokens=N))

@@ -105,6 +105,42 @@ def test_get_info(stub, target_dir, tokenizer):
     assert info.max_num_speculative_tokens == 16 and len(info.tokenizer_fingerprint) == 32
 
 
+def test_get_info_reports_the_kv_pool(stub, target):
+    from specdec.engine.kv_cache import DEFAULT_BLOCK_SIZE
+
+    info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10).info
+    kv = target.backend.runner.kv_stats()
+    assert info.kv_cache_capacity_tokens == kv.capacity_tokens == kv.num_blocks * kv.block_size > 0
+    assert info.block_size == DEFAULT_BLOCK_SIZE and info.enable_prefix_caching is True
+
+
+def test_the_kv_pool_settings_reach_the_runner(servers, target_dir, monkeypatch):
+    """--kv-cache-memory, --block-size, --no-enable-prefix-caching, --gpu-memory-utilization: the runner is built
+    with them, and GetInfo reports the pool they made."""
+    made = []
+    runner_class = specdec.serving.backend.ModelRunner
+
+    def spy(*args, **kwargs):
+        made.append(kwargs)
+        return runner_class(*args, **kwargs)
+
+    monkeypatch.setattr(specdec.serving.backend, "ModelRunner", spy)
+    small = servers.target(target_dir, kv_cache_memory=3 * 2**20, block_size=32, enable_prefix_caching=False,
+                           gpu_memory_utilization=0.5)
+    try:
+        assert {k: made[0][k] for k in ("kv_cache_memory", "block_size", "enable_prefix_caching",
+                                        "gpu_memory_utilization")} == {
+            "kv_cache_memory": 3 * 2**20, "block_size": 32, "enable_prefix_caching": False,
+            "gpu_memory_utilization": 0.5}
+        with grpc.insecure_channel(f"127.0.0.1:{small.port}") as ch:
+            info = target_service_pb2_grpc.TargetServiceStub(ch).GetInfo(common_pb2.GetInfoRequest(), timeout=10).info
+        assert info.block_size == 32 and info.enable_prefix_caching is False
+        # 3 MiB of a 3-layer, 2x16-dim-kv-head float32 model: 768 bytes a token, at most 4096 tokens
+        assert 0 < info.kv_cache_capacity_tokens <= 3 * 2**20 // 768 and info.kv_cache_capacity_tokens % 32 == 0
+    finally:
+        servers.stop(small)
+
+
 # --------------------------------------------------------------------------------------------------
 # Verify semantics
 
