@@ -144,6 +144,8 @@ class Backend:
                                          thread_init=lambda: set_num_threads(threads))
         self._warmup()
         self.metrics.track_cached(lambda: len(self.runner.sequences))
+        if self.lm is not None:  # an n-gram draft holds no KV
+            self.metrics.track_kv_cache(self.runner.kv_stats)
         set_build_info(self.role, cfg.model if self.lm is not None else "ngram",
                        dtype=dtype_name(self.lm.dtype) if self.lm is not None else "",
                        device=str(self.lm.device) if self.lm is not None else "cpu",
@@ -187,6 +189,7 @@ class Backend:
         self._stop.set()
         if self.ready.is_set():
             self.batcher.close()
+            self.metrics.untrack_kv_cache()
 
     def _active_sequences(self, window_s: float = 1.0) -> int:
         """Sequences served within the last window_s: those a batch may expect back shortly."""

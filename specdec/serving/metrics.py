@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import prometheus_client
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 logger = logging.getLogger(__name__)
 prometheus_client.disable_created_metrics()  # no *_created series (as vLLM)
@@ -81,6 +84,65 @@ SEQUENCES_EXPIRED = Counter("specdec_sequences_expired", "Idle sequences release
                             "(sequence_ttl_seconds).", LABELS)
 CACHE_MISSES = Counter("specdec_cache_misses", "Calls a service answered NOT_FOUND (it did not hold the history "
                        "the call builds on): the gateway resends.", LABELS)
+
+
+class _KVCacheCollector:
+    """The services' KV block pools, read from each pool's ``kv_stats()`` at scrape time. The pool keeps
+    its prefix-cache and preemption counts itself (cumulative), so they are exposed as counters as they
+    are: nothing here can miss or double an increment."""
+
+    def __init__(self):
+        self._sources: dict[tuple[str, str], Callable[[], Any]] = {}
+        self._lock = threading.Lock()
+
+    def track(self, labels: tuple[str, str], stats: Callable[[], Any]) -> None:
+        with self._lock:
+            self._sources[labels] = stats
+
+    def untrack(self, labels: tuple[str, str], stats: Callable[[], Any]) -> None:
+        with self._lock:
+            if self._sources.get(labels) == stats:  # not a newer pool's under the same labels
+                del self._sources[labels]
+
+    @staticmethod
+    def _families() -> tuple:
+        return (
+            GaugeMetricFamily("specdec_kv_cache_usage_ratio", "Fraction of the KV cache pool's blocks held by live "
+                              "sequences (0 to 1).", labels=LABELS),
+            GaugeMetricFamily("specdec_kv_cache_free_blocks", "KV cache blocks free or holding only evictable "
+                              "cached prefixes.", labels=LABELS),
+            CounterMetricFamily("specdec_prefix_cache_queries", "Tokens looked up in the prefix cache.",
+                                labels=LABELS),
+            CounterMetricFamily("specdec_prefix_cache_hits", "Tokens found in the prefix cache (their KV was "
+                                "reused, not computed).", labels=LABELS),
+            CounterMetricFamily("specdec_num_preemptions", "Sequences preempted because the KV cache pool ran out "
+                                "(the gateway resends their history).", labels=LABELS),
+        )
+
+    def describe(self):
+        return self._families()
+
+    def collect(self):
+        usage, free, queries, hits, preemptions = families = self._families()
+        with self._lock:
+            sources = list(self._sources.items())
+        for labels, stats in sources:
+            try:
+                kv = stats()
+            except Exception as exc:  # noqa: BLE001 - a scrape must not fail for one pool
+                logger.debug("kv_stats of %s failed: %s", labels, exc)
+                continue
+            usage.add_metric(labels, float(kv.usage))
+            free.add_metric(labels, float(kv.free_blocks))
+            queries.add_metric(labels, float(kv.prefix_cache_queries))
+            hits.add_metric(labels, float(kv.prefix_cache_hits))
+            preemptions.add_metric(labels, float(kv.preemptions))
+        return families
+
+
+KV_CACHE = _KVCacheCollector()
+REGISTRY.register(KV_CACHE)
+
 # -- faults and load (gateway) ----------------------------------------------------------------------
 DRAFT_BREAKER_STATE = Gauge("specdec_draft_breaker_state", "The draft's circuit breaker: 0 closed (drafting), "
                             "1 half-open (probing), 2 open (verifying without drafts).", LABELS)
@@ -274,6 +336,16 @@ class ServiceMetrics:
 
     def track_cached(self, count: Callable[[], int]) -> None:
         SEQUENCES_CACHED.labels(*self.labels).set_function(count)
+
+    def track_kv_cache(self, kv_stats: Callable[[], Any]) -> None:
+        """Expose the KV pool's series from ``kv_stats()`` (a runner's KVStats) at every scrape."""
+        self._kv_stats = kv_stats
+        KV_CACHE.track(self.labels, kv_stats)
+
+    def untrack_kv_cache(self) -> None:
+        stats = getattr(self, "_kv_stats", None)
+        if stats is not None:
+            KV_CACHE.untrack(self.labels, stats)
 
     def expired(self, n: int) -> None:
         if n:

@@ -159,6 +159,14 @@ def test_services_alone_serve_their_own_metrics(servers, target_dir, good_draft_
             model = str(target_dir if service == "target" else good_draft_dir)
             assert total(samples, "specdec_batch_size_count", service=service, model_name=model) >= 2  # warm-up + 1
             assert total(samples, "specdec_build_info", service=service, model_name=model, dtype="float32") == 1
+            # the KV pool, read from the runner at the scrape
+            kv = handle.backend.runner.kv_stats()
+            labels = {"service": service, "model_name": model}
+            assert total(samples, "specdec_kv_cache_free_blocks", **labels) == kv.free_blocks > 0
+            assert 0 <= total(samples, "specdec_kv_cache_usage_ratio", **labels) <= 1
+            for name in ("specdec_prefix_cache_queries_total", "specdec_prefix_cache_hits_total",
+                         "specdec_num_preemptions_total"):
+                assert any(n == name and set(labels.items()) <= ls for n, ls in samples), name
     # in-process, all three services share the one registry that /metrics exposes
     assert all(f'service="{name}"' in M.exposition().decode() for name in ("target", "draft", "gateway"))
 
