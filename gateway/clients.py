@@ -3,8 +3,10 @@
 Each client remembers the history it last sent for each sequence and sends only what follows the
 part the new history shares with it (a lookahead's history carries drafts that a verification may
 then replace: the shared part ends where they differ). A service that lost the sequence answers NOT_FOUND and gets the whole history; an
-unavailable service (restart) is retried until ``retry_seconds`` run out. Losing a cache costs a
-recompute, never correctness.
+unavailable service (restart) is retried until ``retry_seconds`` run out. A service whose KV pool
+preempted the sequence (ABORTED: it freed the blocks and forgot it) gets the whole history again after a
+short wait (20 ms, doubling up to 1 s, for at most ``preempted_retry_seconds``, the request's deadline
+and the call's own deadline). Losing a cache costs a recompute, never correctness.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.errors import BackendUnavailableError, DeadlineExceededError, SequenceNotFoundError
+from specdec.errors import BackendUnavailableError, DeadlineExceededError, SequenceNotFoundError, SequencePreemptedError
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.serving.grpc_errors import error_from_rpc
@@ -36,6 +38,10 @@ _DRAFT_METHODS = {
     "greedy": draft_service_pb2.DRAFT_SAMPLE_METHOD_GREEDY,
     "probabilistic": draft_service_pb2.DRAFT_SAMPLE_METHOD_PROBABILISTIC,
 }
+
+# Waits before resending a preempted sequence: the first, and the longest (it doubles in between).
+PREEMPTED_FIRST_DELAY = 0.02
+PREEMPTED_MAX_DELAY = 1.0
 
 # The batch hint of the calls this thread makes now ("<group>:<size>", see gateway.scheduler).
 _BATCH_HINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_batch_hint", default=None)
@@ -74,6 +80,8 @@ class _RemoteBackend:
         self.address = address
         self.channel = security.channel(address, options=channel_options())  # TLS per --backend-tls-*
         self.retry_seconds = retry_seconds
+        # how long a call may keep resending a sequence its service preempted (KV pool full)
+        self.preempted_retry_seconds = retry_seconds
         self._held: dict[str, list[int]] = {}  # sequence id -> the history last sent (the service holds it)
         self._lock = threading.Lock()
         self._deadlines: dict[str, float] = {}  # sequence id -> the request's deadline (monotonic)
@@ -103,8 +111,10 @@ class _RemoteBackend:
             # Known from the first attempt on: a first call that fails after the service created the
             # sequence (deadline, cancel) must still be released, not left to the idle expiry.
             start = shared_prefix(self._held.setdefault(sequence_id, []), token_ids)
-        give_up = time.monotonic() + self.retry_seconds
+        began_call = time.monotonic()
+        give_up = began_call + self.retry_seconds
         delay = 0.05
+        preempted_delay = PREEMPTED_FIRST_DELAY
         while True:
             try:
                 began = time.monotonic()
@@ -121,6 +131,18 @@ class _RemoteBackend:
                     HISTORY_RESENDS.labels("gateway", self.model_name, self.phase).inc()
                     start = 0
                     continue
+                if isinstance(error, SequencePreemptedError):
+                    with self._lock:  # the service freed the sequence's blocks and forgot it
+                        if sequence_id in self._held:
+                            self._held[sequence_id] = []
+                    start = 0
+                    if self._preempted_wait(sequence_id, began_call, preempted_delay):
+                        logger.info("%s preempted sequence %s; resending its %d tokens", self.role, sequence_id,
+                                    len(token_ids))
+                        HISTORY_RESENDS.labels("gateway", self.model_name, self.phase).inc()
+                        preempted_delay = min(2 * preempted_delay, PREEMPTED_MAX_DELAY)
+                        continue
+                    raise error from None
                 if type(error) is BackendUnavailableError and err.code() == grpc.StatusCode.UNAVAILABLE:
                     if time.monotonic() < give_up and not self.stop_retrying():
                         time.sleep(delay)
@@ -128,6 +150,22 @@ class _RemoteBackend:
                         continue
                     self.on_unavailable()
                 raise error from None
+
+    def _preempted_wait(self, sequence_id: str, began: float, delay: float) -> bool:
+        """Sleep ``delay`` before resending a preempted sequence, if that leaves time for the resend: within
+        preempted_retry_seconds of the call's start, the call's own deadline (call_timeout: the draft's, with
+        the fallback on) and the request's deadline. False: give up now."""
+        now = time.monotonic()
+        limits = [began + self.preempted_retry_seconds]
+        if self.call_timeout is not None:
+            limits.append(began + self.call_timeout)
+        deadline = self._deadlines.get(sequence_id)
+        if deadline is not None:
+            limits.append(deadline)
+        if now + delay >= min(limits):
+            return False
+        time.sleep(delay)
+        return True
 
     def forget(self, sequence_id: str) -> None:
         """Drop what this client knows of the sequence, without a call (the service is gone)."""

@@ -17,7 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from specdec.errors import BackendUnavailableError, InvalidRequestError, ResourceExhaustedError, SpecDecError
+from specdec.errors import (BackendUnavailableError, InvalidRequestError, ResourceExhaustedError,
+                            SequencePreemptedError, SpecDecError)
 from specdec.proposal import Proposal
 from specdec.sampling import SamplingParams
 from specdec.serving import metrics
@@ -116,6 +117,13 @@ class FallbackDraft:
         except InvalidRequestError:
             self.breaker.record(True)  # the draft answered; the request is wrong
             raise
+        except SequencePreemptedError as exc:
+            # The draft's KV pool is full, not failing: the draft answered (its breaker stays closed), this
+            # round verifies without drafts, and the next Propose resends the sequence's whole history.
+            self.breaker.record(True)
+            metrics.rounds_without_draft(self.model_name, "preempted")
+            logger.info("draft preempted %s (%s); this round verifies without drafts", sequence_id, exc)
+            return Proposal([])
         except (SpecDecError, OSError) as exc:
             self.breaker.record(False)
             metrics.rounds_without_draft(self.model_name, "draft_failed")

@@ -71,7 +71,8 @@ BACKEND_CALL = Histogram("specdec_backend_call_duration_seconds",
                          "The gateway's Propose / Verify calls, as the gateway sees them (network and "
                          "serialisation included).", (*LABELS, "phase"), buckets=_CALL_BUCKETS)
 HISTORY_RESENDS = Counter("specdec_history_resends", "Calls the gateway repeated with the whole history because "
-                          "the service had lost the sequence (restart, eviction).", (*LABELS, "phase"))
+                          "the service had lost the sequence (restart, eviction, preemption by its KV pool).",
+                          (*LABELS, "phase"))
 SERVICE_QUEUE_TIME = Histogram("specdec_service_queue_time_seconds",
                                "A call's wait in a service's batcher before its batch runs.", LABELS,
                                buckets=_CALL_BUCKETS)
@@ -149,7 +150,8 @@ DRAFT_BREAKER_STATE = Gauge("specdec_draft_breaker_state", "The draft's circuit 
 DRAFT_BREAKER_TRANSITIONS = Counter("specdec_draft_breaker_transitions", "Circuit breaker state changes.",
                                     (*LABELS, "from_state", "to_state"))
 ROUNDS_WITHOUT_DRAFT = Counter("specdec_rounds_without_draft", "Rounds verified with no drafts because the draft "
-                               "failed or its breaker was open.", (*LABELS, "reason"))
+                               "failed, its breaker was open, the load was high or its KV pool preempted the "
+                               "sequence.", (*LABELS, "reason"))
 TARGET_AVAILABLE = Gauge("specdec_target_available", "1 while the target serves, 0 while it is known down "
                          "(new requests are refused with 503).", LABELS)
 BUILD_INFO = Gauge("specdec_build_info", "Always 1; the labels describe the running service.",
@@ -195,7 +197,7 @@ def init_gateway_series(model_name: str) -> None:
         LOOKAHEADS.labels(*labels, outcome)
     for phase in ("propose", "verify"):
         HISTORY_RESENDS.labels(*labels, phase)
-    for reason in ("draft_failed", "breaker_open", "load"):
+    for reason in ("draft_failed", "breaker_open", "load", "preempted"):
         ROUNDS_WITHOUT_DRAFT.labels(*labels, reason)
     DRAFT_BREAKER_STATE.labels(*labels).set(0)
     TARGET_AVAILABLE.labels(*labels).set(1)
