@@ -68,6 +68,7 @@ class Gateway:
         # A TLI draft counts its own tokens against its own limit; only a same-vocabulary draft caps the length.
         limits = [self.target_info.max_model_len] + ([self.draft_info.max_model_len] if same_vocab else [])
         self.max_model_len = min(limits + ([config.max_model_len] if config.max_model_len else []))
+        self._init_kv_budget(same_vocab)
         for client in (self.target, self.draft):
             if client is not None:
                 client.model_name = self.served_model_name
@@ -122,6 +123,45 @@ class Gateway:
         self.draft.vocab_size = t.vocab_size
         logger.info("serving target %s with draft %s, k=%d", t.model_name, d.model_name, k)
 
+    def _init_kv_budget(self, same_vocab: bool) -> None:
+        """The backends' KV cache pools (GetInfo's kv_cache_capacity_tokens; 0: unlimited, e.g. an n-gram draft):
+        one sequence must fit the smallest pool (``kv_capacity``, with the service that has it), and running
+        sequences share a pool per replica (the admission's budget). A TLI draft counts its own tokens: only
+        the target and a same-vocabulary draft count here."""
+        pools = [("target", self.target, self.target_info.kv_cache_capacity_tokens)]
+        if same_vocab:
+            pools.append(("draft", self.draft, self.draft_info.kv_cache_capacity_tokens))
+        pools = [(role, client, cap) for role, client, cap in pools if cap > 0]
+        self.kv_capacity, self.kv_capacity_service = min(((cap, role) for role, _, cap in pools), default=(0, ""))
+
+        def budget() -> int:
+            return min((cap * len(getattr(client, "replicas", None) or [client]) for _, client, cap in pools),
+                       default=0)
+
+        self.admission.kv_budget = budget
+        if self.kv_capacity and self.kv_capacity < self.max_model_len:
+            logger.warning("the %s's KV cache holds %d tokens, fewer than max_model_len %d: longer requests are "
+                           "refused, and a sequence without max_tokens stops at %d tokens (raise --kv-cache-memory "
+                           "of the %s service to lift it)", self.kv_capacity_service, self.kv_capacity,
+                           self.max_model_len, self.kv_capacity, self.kv_capacity_service)
+
+    def _check_kv_capacity(self, prompt_tokens: int, max_tokens: int | None) -> None:
+        """400 for a request that could never fit the smallest KV cache pool, naming the numbers and the flag."""
+        cap, service = self.kv_capacity, self.kv_capacity_service
+        if not cap:
+            return
+        flag = (f"--kv-cache-memory of the {service} service (SPECDEC_{service.upper()}_KV_CACHE_MEMORY; "
+                f"--{'draft-' if service == 'draft' else ''}kv-cache-memory of specdec serve)")
+        if max_tokens is not None and prompt_tokens + max_tokens > cap:
+            raise InvalidRequestError(
+                f"the prompt's {prompt_tokens} tokens + max_tokens={max_tokens} need {prompt_tokens + max_tokens} "
+                f"tokens of KV cache, but the {service}'s KV cache holds {cap} tokens in all; lower max_tokens or "
+                f"shorten the prompt, or raise {flag}", param="max_tokens")
+        if prompt_tokens >= cap:
+            raise InvalidRequestError(
+                f"the prompt has {prompt_tokens} tokens, but the {service}'s KV cache holds {cap} tokens in all, "
+                f"which leaves no room to generate; shorten the prompt, or raise {flag}", param="prompt")
+
     def _calibrate(self, draft_client) -> RoundCosts | None:
         """Adaptive k's round costs: measured now on a scratch sequence, then kept current by every call."""
         k_max = self.config.num_speculative_tokens
@@ -174,10 +214,13 @@ class Gateway:
                 f"max_tokens={params.max_tokens} is more than the context leaves: max_model_len is "
                 f"{self.max_model_len} and the prompt has {len(prompt_token_ids)} tokens, so at most {room} can be "
                 "generated; lower max_tokens or shorten the prompt", param="max_tokens")
+        self._check_kv_capacity(len(prompt_token_ids), params.max_tokens)
         self.target_health.check()  # 503 at once while the target is known down
         self.admission.reserve(1)  # 429 at once when the queue is full
+        # a sequence never outgrows the smallest KV cache pool: without max_tokens it stops there ("length")
+        max_len = min(self.max_model_len, self.kv_capacity or self.max_model_len)
         seq = SequenceState(prompt_token_ids=list(prompt_token_ids), params=params, tokenizer=self.tokenizer,
-                            eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
+                            eos_token_ids=self.eos_token_ids, max_model_len=max_len)
         # the reservation goes back if the sequence is dropped without being streamed
         seq.admission_ticket = weakref.finalize(seq, self.admission.cancel)
         if request_id:
@@ -203,7 +246,7 @@ class Gateway:
         seq_metrics = SequenceMetrics(self.served_model_name, seq.arrival_time,
                                       len(seq.prompt_token_ids) if seq.output_index == 0 else 0)
         try:
-            self._start(seq)  # waits for a running slot (up to max_queue_time_seconds)
+            size = self._start(seq)  # waits for a running slot and KV room (up to max_queue_time_seconds)
         except BaseException:
             seq_metrics.closed()
             raise
@@ -231,14 +274,20 @@ class Gateway:
         finally:
             rounds.close()
             seq_metrics.closed()
-            self.admission.finish()
+            self.admission.finish(size)
 
-    def _start(self, seq: SequenceState) -> None:
-        """Turn the sequence's reservation (taken by new_sequence) into a running slot."""
+    def _start(self, seq: SequenceState):
+        """Turn the sequence's reservation (taken by new_sequence) into a running slot, once its prompt fits
+        in the KV cache beside the running sequences; returns its size (tokens) for ``admission.finish``."""
         ticket = getattr(seq, "admission_ticket", None)
         if ticket is None or ticket.detach() is None:
             self.admission.reserve(1)  # not made by new_sequence (or already given back)
-        self.admission.start()
+
+        def size() -> int:
+            return len(seq.token_ids)
+
+        self.admission.start(size)
+        return size
 
     def _log_finished(self, seq: SequenceState, seq_metrics: SequenceMetrics) -> None:
         """One structured line per finished sequence (the prompt's text only with --log-requests)."""

@@ -6,7 +6,9 @@
 - ``TargetHealth``: once the target is known down, new requests get 503 at once (no retry window),
   and a probe brings service back by itself when the target answers again.
 - ``Admission``: at most ``max_concurrent_requests`` sequences run and ``max_queue_len`` wait; past
-  that a request is refused at once (429), and a wait longer than ``max_queue_time_seconds`` too.
+  that a request is refused at once (429), and a wait longer than ``max_queue_time_seconds`` too. With
+  a KV cache budget (the backends' pools), a sequence also waits while the running sequences' tokens
+  and its prompt would not fit in it.
 """
 
 from __future__ import annotations
@@ -202,15 +204,34 @@ class TargetHealth:
 
 
 class Admission:
-    """Running and waiting slots for sequences (a request with n outputs takes n)."""
+    """Running and waiting slots for sequences (a request with n outputs takes n), and room in the KV cache.
 
-    def __init__(self, max_running: int, max_waiting: int, max_queue_time: float | None):
+    ``kv_budget()``: how many tokens the backends' KV cache pools hold (0: unlimited). A sequence starts
+    only when the running sequences' tokens (each one's ``tokens()``, read now: they grow as they generate)
+    plus its own fit in it, or when nothing runs. The pools preempt a sequence when they run out anyway;
+    waiting here keeps that rare."""
+
+    def __init__(self, max_running: int, max_waiting: int, max_queue_time: float | None,
+                 kv_budget: Callable[[], int] | None = None):
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.max_queue_time = max_queue_time
+        self.kv_budget = kv_budget
         self._cond = threading.Condition()
         self.running = 0
         self.waiting = 0
+        self._sizes: list[Callable[[], int]] = []  # each running sequence's tokens (those that said)
+
+    def kv_tokens(self) -> int:
+        """The running sequences' tokens now."""
+        with self._cond:
+            return sum(size() for size in self._sizes)
+
+    def _kv_room(self, size: Callable[[], int] | None) -> bool:
+        budget = self.kv_budget() if self.kv_budget is not None else 0
+        if size is None or budget <= 0 or self.running == 0:
+            return True
+        return sum(s() for s in self._sizes) + size() <= budget
 
     def reserve(self, n: int) -> None:
         """Take ``n`` places in the queue, or refuse the request at once (429)."""
@@ -223,20 +244,29 @@ class Admission:
                     "retry shortly")
             self.waiting += n
 
-    def start(self) -> None:
-        """Leave the queue for a running slot, waiting up to max_queue_time; a reservation must exist."""
+    def start(self, size: Callable[[], int] | None = None) -> None:
+        """Leave the queue for a running slot, waiting up to max_queue_time; a reservation must exist.
+        ``size()``: the sequence's tokens (it waits for room in the KV budget too); give it to ``finish``."""
         with self._cond:
             deadline = None if self.max_queue_time is None else time.monotonic() + self.max_queue_time
-            while self.running >= self.max_running:
+            while self.running >= self.max_running or not self._kv_room(size):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     self.waiting -= 1
                     self._cond.notify_all()
+                    if self.running < self.max_running:  # the slots were free: the KV cache was not
+                        raise ResourceExhaustedError(
+                            f"waited {self.max_queue_time:g} s for room in the KV cache (--max-queue-time-seconds): "
+                            f"the running sequences hold {sum(s() for s in self._sizes)} of its "
+                            f"{self.kv_budget()} tokens and this one needs {size()}; retry shortly, or raise "
+                            "--kv-cache-memory of the services")
                     raise ResourceExhaustedError(
                         f"waited {self.max_queue_time:g} s for a free slot (--max-queue-time-seconds); retry shortly")
                 self._cond.wait(remaining)
             self.waiting -= 1
             self.running += 1
+            if size is not None:
+                self._sizes.append(size)
 
     def cancel(self) -> None:
         """Give back a reservation that never started."""
@@ -244,7 +274,9 @@ class Admission:
             self.waiting -= 1
             self._cond.notify_all()
 
-    def finish(self) -> None:
+    def finish(self, size: Callable[[], int] | None = None) -> None:
         with self._cond:
             self.running -= 1
+            if size is not None:
+                self._sizes.remove(size)
             self._cond.notify_all()
