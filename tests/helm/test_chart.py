@@ -79,10 +79,12 @@ EVERY_CONFIG = {
                 "readinessPath": "/health"},
     "draft": {"config": {"dtype": "bfloat16", "device": "cpu", "max_sequences": 512, "sequence_ttl_seconds": 300,
                          "max_batch_size": 32, "batch_wait_ms": 5, "num_threads": 3, "draft_top_n": 128,
-                         "lean_forward": False}},
+                         "lean_forward": False, "kv_cache_memory": 536870912, "block_size": 32,
+                         "enable_prefix_caching": False, "gpu_memory_utilization": 0.3}},
     "target": {"config": {"dtype": "float32", "device": "cpu", "revision": "main", "max_sequences": 100000000,
                           "sequence_ttl_seconds": 600.5, "max_batch_size": 8, "batch_wait_ms": 0,
-                          "num_threads": 2, "lean_forward": False}},
+                          "num_threads": 2, "lean_forward": False, "kv_cache_memory": 4294967296,
+                          "block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.85}},
 }
 
 CASES = {
@@ -205,6 +207,11 @@ def test_defaults_render_what_is_expected():
     ({"target": {"config": {"max_batch_sise": 8}}}, "additional properties 'max_batch_sise' not allowed"),
     ({"draft": {"config": {"port": 1}}}, "additional properties 'port' not allowed"),
     ({"gateway": {"httpPort": 80000}}, "at '/gateway/httpPort'"),
+    ({"target": {"config": {"kv_cache_memory": "lots"}}}, "at '/target/config/kv_cache_memory'"),
+    ({"draft": {"config": {"kv_cache_memory": 0}}}, "at '/draft/config/kv_cache_memory'"),
+    ({"target": {"config": {"gpu_memory_utilization": 1.5}}}, "at '/target/config/gpu_memory_utilization'"),
+    ({"target": {"config": {"block_size": 0}}}, "at '/target/config/block_size'"),
+    ({"draft": {"config": {"enable_prefix_caching": "no"}}}, "at '/draft/config/enable_prefix_caching'"),
 ])
 def test_schema_refuses_bad_values(values, message):
     helm = _helm()
@@ -423,6 +430,20 @@ def test_the_cli_reads_the_containers_settings(case, monkeypatch):
         cpu = resources.get("limits", {}).get("cpu") or resources.get("requests", {}).get("cpu")
         expected = values[role]["config"].get("num_threads", int(float(cpu)) if cpu else 0)
         assert config.num_threads == expected, role
+
+
+@pytest.mark.parametrize("size, size_bytes", [("2GiB", 2 * 1024**3), ("512MiB", 512 * 1024**2), ("1e9", 10**9),
+                                              (1073741824, 2**30), ("1.5GB", 1_500_000_000)])
+def test_kv_cache_memory_takes_a_size_the_services_read(size, size_bytes, monkeypatch):
+    """The pool's size as a number of bytes or a size string reaches both backends as the CLI reads it."""
+    values = {role: {"config": {"kv_cache_memory": size, "enable_prefix_caching": False, "block_size": 32}}
+              for role in ("draft", "target")}
+    deployments = by_component(values, "Deployment")
+    for role in ("draft", "target"):
+        c = container(deployments[role])
+        assert env_of(c)[f"SPECDEC_{role.upper()}_KV_CACHE_MEMORY"] == str(size)
+        config = _parse_like_the_cli(monkeypatch, c)
+        assert (config.kv_cache_memory, config.enable_prefix_caching, config.block_size) == (size_bytes, False, 32)
 
 
 @pytest.mark.parametrize("cpu, threads", [("1500m", "1"), ("250m", "1"), ("0.5", "1"), (3, "3"), ("2.7", "2")])
