@@ -44,6 +44,10 @@ def test_dashboards_are_well_formed():
         for panel in board["panels"]:
             assert panel["datasource"]["uid"] == "${datasource}"
     assert len(list(_panels())) >= 25
+    exprs = " ".join(expr for *_, expr in _panels())
+    for metric in ("specdec_kv_cache_usage_ratio", "specdec_kv_cache_free_blocks", "specdec_prefix_cache_queries_total",
+                   "specdec_prefix_cache_hits_total", "specdec_num_preemptions_total"):
+        assert metric in exprs, f"no panel shows {metric}"
 
 
 def _prometheus_binary() -> str:
