@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from gateway.resilience import CLOSED, HALF_OPEN, OPEN, Admission, CircuitBreaker, FallbackDraft
-from specdec.errors import BackendUnavailableError, DeadlineExceededError, InvalidRequestError, ResourceExhaustedError
+from specdec.errors import (BackendUnavailableError, DeadlineExceededError, InvalidRequestError, ResourceExhaustedError,
+                            SequencePreemptedError)
 from specdec.proposal import Proposal
 from specdec.sampling import SamplingParams
 
@@ -125,6 +126,52 @@ def test_admission_wait_is_bounded_and_cancel_gives_the_place_back():
     a.cancel()
     a.cancel()
     assert a.waiting == 0
+
+
+def test_fallback_takes_a_preempted_draft_as_answering_not_failing():
+    remote = FakeDraft([SequencePreemptedError("pool full"), SequencePreemptedError("pool full"), [4]])
+    draft = FallbackDraft(remote, CircuitBreaker(1, 1.0), "m")
+    params = SamplingParams(temperature=0)
+    assert draft.propose("s", [1], 2, params).draft_token_ids == []  # no drafts this round ...
+    assert draft.propose("s", [1], 2, params).draft_token_ids == []
+    assert draft.breaker.state == CLOSED  # ... but one failure would have opened it
+    assert draft.propose("s", [1], 2, params).draft_token_ids == [4] and remote.calls == 3
+
+
+def test_admission_waits_for_room_in_the_kv_budget():
+    budget = [100]
+    a = Admission(max_running=8, max_waiting=8, max_queue_time=None, kv_budget=lambda: budget[0])
+    tokens = {"a": 60, "b": 50, "c": 30}
+    sizes = {name: (lambda name=name: tokens[name]) for name in tokens}
+    a.reserve(3)
+    a.start(sizes["a"])  # alone, it always starts
+    assert a.kv_tokens() == 60
+    started = threading.Event()
+    t = threading.Thread(target=lambda: (a.start(sizes["b"]), started.set()))
+    t.start()
+    assert not started.wait(0.1) and (a.running, a.waiting) == (1, 2)  # 60 + 50 > 100: b waits, a slot free
+    a.start(sizes["c"])  # 60 + 30 fits
+    tokens["a"] = 65  # the running sequences grow as they generate
+    a.finish(sizes["c"])
+    assert not started.wait(0.1)  # 65 + 50 still does not fit
+    a.finish(sizes["a"])
+    t.join(5)
+    assert started.is_set() and (a.running, a.waiting, a.kv_tokens()) == (1, 0, 50)
+    a.finish(sizes["b"])
+    budget[0] = 0  # 0: unlimited
+    a.reserve(2)
+    a.start(lambda: 10**9)
+    a.start(lambda: 10**9)
+    assert a.running == 2
+
+
+def test_admission_wait_for_kv_room_is_bounded_and_says_so():
+    a = Admission(max_running=8, max_waiting=8, max_queue_time=0.05, kv_budget=lambda: 100)
+    a.reserve(2)
+    a.start(lambda: 90)
+    with pytest.raises(ResourceExhaustedError, match="room in the KV cache.*90 of its 100 tokens.*needs 20"):
+        a.start(lambda: 20)
+    assert (a.running, a.waiting) == (1, 0)
 
 
 def test_shedding_draft_skips_the_draft_at_the_batch_size():
