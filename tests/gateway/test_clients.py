@@ -119,3 +119,80 @@ def test_a_client_sends_what_follows_the_history_it_last_sent():
     assert shared_prefix([1, 2, 3, 4], [1, 2, 3]) == 3
     assert shared_prefix([1, 2, 8, 9], [1, 2, 3, 4, 5]) == 2  # a lookahead's drafts [8, 9] lost: resend from 3
     assert shared_prefix([5], [6]) == 0
+
+
+class _Aborted(grpc.RpcError):
+    """What a service answers when its KV pool preempted the sequence (ABORTED: SequencePreemptedError)."""
+
+    def code(self):
+        return grpc.StatusCode.ABORTED
+
+    def details(self):
+        return "target: the KV cache pool preempted the sequence"
+
+
+def _preempting_client(preemptions: int, monkeypatch, sleep: bool = False):
+    """A target client whose service preempts the next ``preemptions`` calls; it records each call's start
+    position, and the waits (sleeping them only if ``sleep``)."""
+    import gateway.clients as clients
+    from specdec.v1 import target_service_pb2
+
+    waits: list[float] = []
+    starts: list[int] = []
+    left = [preemptions]
+
+    class Stub:
+        def Verify(self, request, timeout=None):  # noqa: N802 - gRPC method name
+            starts.append(request.start_position)
+            if left[0] > 0:
+                left[0] -= 1
+                raise _Aborted()
+            return target_service_pb2.VerifyResponse(num_accepted_tokens=0, recovered_token_id=7)
+
+    real_sleep = clients.time.sleep
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        if sleep:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(clients.time, "sleep", wait)
+    client = RemoteTarget("127.0.0.1:1")
+    client._stub = Stub()
+    return client, left, starts, waits
+
+
+def test_a_preempted_sequence_is_resent_whole_after_growing_waits(monkeypatch):
+    client, left, starts, waits = _preempting_client(0, monkeypatch)
+    params = SamplingParams(temperature=0)
+    try:
+        client.verify("s", [1, 2, 3], Proposal([]), params)
+        left[0] = 7
+        assert client.verify("s", [1, 2, 3, 7], Proposal([]), params).next_token_id == 7
+        assert starts == [0, 3, 0, 0, 0, 0, 0, 0, 0]  # the new token, then the whole history each time
+        assert waits == [0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0]  # doubling from 20 ms, at most 1 s
+        assert client.verify("s", [1, 2, 3, 7, 7], Proposal([]), params).next_token_id == 7
+        assert starts[-1] == 4  # held again: only what is new
+    finally:
+        client.close()
+
+
+def test_preemption_retries_stop_at_the_deadline_and_the_next_call_sends_everything(monkeypatch):
+    import time
+
+    from specdec.errors import SequencePreemptedError
+
+    client, left, starts, waits = _preempting_client(10**6, monkeypatch, sleep=True)
+    params = SamplingParams(temperature=0)
+    try:
+        client.set_deadline("s", time.monotonic() + 0.5)  # room for waits of 20, 40, 80, 160 ms, not 320 more
+        with pytest.raises(SequencePreemptedError):
+            client.verify("s", [1, 2, 3], Proposal([]), params)
+        assert waits == [0.02, 0.04, 0.08, 0.16]
+        client.forget("s")
+        client.preempted_retry_seconds = 0.0  # the budget of a call's resends, also when no deadline is set
+        with pytest.raises(SequencePreemptedError):
+            client.verify("s", [1, 2, 3], Proposal([]), params)
+        assert waits == [0.02, 0.04, 0.08, 0.16] and set(starts) == {0}
+    finally:
+        client.close()
