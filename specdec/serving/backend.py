@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.config import DEFAULT_TARGET, parse_byte_size
-from specdec.errors import InvalidRequestError, SequenceNotFoundError
+from specdec.errors import ConfigError, InvalidRequestError, SequenceNotFoundError
 from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
@@ -65,6 +65,16 @@ class BackendConfig:
                 "(what is in use already counts against it)"})
 
 
+def check_kv_settings(cfg: BackendConfig) -> None:
+    """The KV pool's settings, checked before minutes of model loading (ConfigError naming the flag)."""
+    if cfg.kv_cache_memory is not None and cfg.kv_cache_memory < 1:
+        raise ConfigError(f"--kv-cache-memory must be a positive number of bytes, got {cfg.kv_cache_memory}")
+    if cfg.block_size < 1:
+        raise ConfigError(f"--block-size must be >= 1, got {cfg.block_size}")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
+
+
 def cpu_threads(requested: int) -> int:
     """``requested``, or every core this process may run on when it is 0."""
     if requested < 0:
@@ -110,6 +120,7 @@ class Backend:
             self.worker = NgramWorker(self.runner)
             self._start(self.worker.propose_batch)
             return
+        check_kv_settings(cfg)
         self.lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision)
         if self._stop.is_set():  # the service was stopped while the model loaded
             return

@@ -432,6 +432,22 @@ def test_async_load_is_not_serving_and_unavailable_until_loaded(servers, target_
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize(("setting", "flag"), [({"block_size": 0}, "--block-size"),
+                                               ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
+                                               ({"kv_cache_memory": 0}, "--kv-cache-memory")])
+def test_bad_kv_pool_settings_fail_before_the_model_loads(tmp_path, monkeypatch, setting, flag):
+    from specdec.errors import ConfigError
+    from target_service.server import create_server
+    from tests.services_conftest_helpers import target_config
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(specdec.serving.backend, "load_model", never)
+    with pytest.raises(ConfigError, match=flag):
+        create_server(target_config(tmp_path / "any-model", **setting))
+
+
 def test_unloadable_model(servers, tmp_path):
     from specdec.errors import ModelNotFoundError
     from target_service.server import create_server
