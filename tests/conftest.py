@@ -38,17 +38,6 @@ MAX_POS = 256
 PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    return"]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def kv_pool_runner():
-    """The services' runners with the KV block pool's API (a stand-in until the engine has it; see
-    tests/kv_pool_shim.py)."""
-    from tests.kv_pool_shim import install
-
-    undo = install()
-    yield
-    undo()
-
-
 # --------------------------------------------------------------------------------------------------
 # statistics helpers (exposed through fixtures so tests need no imports from conftest)
 

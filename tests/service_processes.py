@@ -7,13 +7,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from tests.kv_pool_shim import module_command
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +42,7 @@ class ServiceProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*module_command(self.module), "--host", HOST, "--port", str(self.port), "--num-threads", "1",
+                [sys.executable, "-m", self.module, "--host", HOST, "--port", str(self.port), "--num-threads", "1",
                  "--dtype", "float32", *self.args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         channel = grpc.insecure_channel(self.address)
         try:
