@@ -115,3 +115,23 @@ def test_a_request_waits_for_room_in_the_pool_then_completes(small_pool):
     assert "error" not in box1 and "error" not in box2, (box1.get("error"), box2.get("error"))
     assert [box1["result"].token_ids, box2["result"].token_ids] == references
     assert gateway.admission.waiting == 0 and gateway.admission.running == 0 and waiting() == waiting_before
+
+
+def test_sequences_that_outgrow_the_pool_together_are_preempted_and_resent_with_the_same_output(small_pool):
+    """Both prompts fit beside each other, so both start; as they generate they outgrow the pool, which preempts
+    the younger: the gateway resends it whole after a short wait, and both outputs are what each gives alone."""
+    target, draft, gw, stub = small_pool
+    capacity = _capacity(small_pool)
+    prompt_len, max_tokens = capacity // 3, capacity // 2
+    assert 2 * prompt_len <= capacity < 2 * (prompt_len + max_tokens) and prompt_len + max_tokens <= capacity
+    requests = [generate_request(prompt_token_ids=_ids(prompt_len, offset=i * 11), max_tokens=max_tokens, k=2)
+                for i in range(2)]
+    references = [generate(stub, r).token_ids for r in requests]
+    wait_released(target, draft)
+    preemptions = target.backend.runner.kv_stats().preemptions
+    runs = [run_in_thread(lambda r=r: collect(stub.Generate(r, timeout=120))) for r in requests]
+    for thread, _ in runs:
+        thread.join(120)
+    assert [box.get("error") for _, box in runs] == [None, None]
+    assert [box["result"].token_ids for _, box in runs] == references
+    assert target.backend.runner.kv_stats().preemptions > preemptions
