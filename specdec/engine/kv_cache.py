@@ -94,8 +94,8 @@ class KVPool:
 
 
 def kv_budget(device: torch.device, kv_cache_memory: int | None, gpu_memory_utilization: float) -> int:
-    """The KV pool's bytes: ``kv_cache_memory`` if set; on CUDA, ``gpu_memory_utilization`` of the device's
-    memory minus what is in use already (the weights); on CPU, DEFAULT_KV_CACHE_MEMORY."""
+    """The KV pool's bytes: ``kv_cache_memory`` if set; on CUDA, ``gpu_memory_utilization`` of the device memory
+    free when the runner is built (after its weights); on CPU, DEFAULT_KV_CACHE_MEMORY."""
     if kv_cache_memory is not None:
         if kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0 bytes, got {kv_cache_memory}")
@@ -103,8 +103,10 @@ def kv_budget(device: torch.device, kv_cache_memory: int | None, gpu_memory_util
     if device.type == "cuda":
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        free, total = torch.cuda.mem_get_info(device)
-        return max(int(total * gpu_memory_utilization) - (total - free), 0)
+        # a share of what is free once the weights are loaded: in one process (``specdec serve``) the target
+        # is built first and takes that share; the draft then takes the same share of what is left
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * gpu_memory_utilization)
     return DEFAULT_KV_CACHE_MEMORY
 
 

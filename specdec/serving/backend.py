@@ -61,8 +61,8 @@ class BackendConfig:
     enable_prefix_caching: bool = field(default=DEFAULT_ENABLE_PREFIX_CACHING, metadata={
         "help": "share the KV blocks of equal prefixes between sequences (--no-enable-prefix-caching: never)"})
     gpu_memory_utilization: float = field(default=DEFAULT_GPU_MEMORY_UTILIZATION, metadata={
-        "help": "on CUDA without --kv-cache-memory: the fraction of the device's memory the KV pool may fill up to "
-                "(what is in use already counts against it)"})
+        "help": "on CUDA without --kv-cache-memory: the share of the device memory still free once the model is "
+                "loaded that its KV pool takes"})
 
 
 def check_kv_settings(cfg: BackendConfig) -> None:
