@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.history import TokenHistory
 from specdec.proposal import TokenLogprob, VerifyResult
 from specdec.sampling import SamplingParams, SpecDecodeStats
 
@@ -67,7 +68,9 @@ class SequenceState:
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
 
     def __post_init__(self) -> None:
-        self.token_ids: list[int] = list(self.prompt_token_ids)
+        # Only ever appended to (``append``): readers that kept a mark of it compare only what is new
+        # (``specdec.history``).
+        self.token_ids: TokenHistory = TokenHistory(self.prompt_token_ids)
         if self.params.has_penalties and self.params.num_prompt_tokens != len(self.prompt_token_ids):
             # the workers count generated tokens (penalties, min_tokens) from where the prompt ends
             self.params = self.params.clone(num_prompt_tokens=len(self.prompt_token_ids))
