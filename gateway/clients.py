@@ -2,7 +2,9 @@
 
 Each client remembers the history it last sent for each sequence and sends only what follows the
 part the new history shares with it (a lookahead's history carries drafts that a verification may
-then replace: the shared part ends where they differ). A service that lost the sequence answers NOT_FOUND and gets the whole history; an
+then replace: the shared part ends where they differ). Given the same ``TokenHistory`` again (the
+loop's histories are), it compares only what changed since (``specdec.history``): a round costs the
+new tokens, not the history. A service that lost the sequence answers NOT_FOUND and gets the whole history; an
 unavailable service (restart) is retried until ``retry_seconds`` run out. A service whose KV pool
 preempted the sequence (ABORTED: it freed the blocks and forgot it) gets the whole history again after a
 short wait (20 ms, doubling up to 1 s, for at most ``preempted_retry_seconds``, the request's deadline
@@ -22,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.errors import BackendUnavailableError, DeadlineExceededError, SequenceNotFoundError, SequencePreemptedError
+from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.serving.grpc_errors import error_from_rpc
@@ -65,10 +68,41 @@ def _metadata() -> dict:
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens ``a`` and ``b`` have in common."""
-    n = min(len(a), len(b))
-    if (a if n == len(a) else a[:n]) == (b if n == len(b) else b[:n]):  # usually: the history grew (one copy)
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
+    return common_prefix(a, b)
+
+
+class _Held:
+    """What this client last sent of one sequence (what the service holds), kept in place."""
+
+    __slots__ = ("ids", "source", "mark", "version")
+
+    def __init__(self):
+        self.ids: list[int] = []  # the history last sent (this client's own copy)
+        self.source = None  # the TokenHistory it was read from, if it was one ...
+        self.mark = None  # ... and that history's mark then: what is unchanged since is not compared again
+        self.version = 0  # bumped by each update (a concurrent call's result is not patched in blindly)
+
+    def start(self, token_ids: list[int]) -> int:
+        """Where ``token_ids`` stops sharing the history last sent (only what changed since is compared)."""
+        known = min(unchanged_prefix(self.source, self.mark, token_ids), len(self.ids))
+        return common_prefix(self.ids, token_ids, known)
+
+    def forget(self) -> None:
+        """The service holds nothing of the sequence any more."""
+        del self.ids[:]
+        self.source = self.mark = None
+        self.version += 1
+
+    def sent(self, token_ids: list[int], start: int, new: list[int], version: int, source, mark) -> None:
+        """The service now holds ``token_ids`` (= ids[:start] + new, as read when ``version`` was current)."""
+        if version == self.version:
+            del self.ids[start:]
+            self.ids += new
+        else:  # another call for the sequence got in between: the last one to finish wins, as a whole
+            self.ids = list(token_ids)
+            source = mark = None
+        self.source, self.mark = source, mark
+        self.version += 1
 
 
 class _RemoteBackend:
@@ -82,7 +116,7 @@ class _RemoteBackend:
         self.retry_seconds = retry_seconds
         # how long a call may keep resending a sequence its service preempted (KV pool full)
         self.preempted_retry_seconds = retry_seconds
-        self._held: dict[str, list[int]] = {}  # sequence id -> the history last sent (the service holds it)
+        self._held: dict[str, _Held] = {}  # sequence id -> the history last sent (the service holds it)
         self._lock = threading.Lock()
         self._deadlines: dict[str, float] = {}  # sequence id -> the request's deadline (monotonic)
         self.call_timeout: float | None = None  # a deadline of each call of its own (the draft's, with fallback)
@@ -110,7 +144,13 @@ class _RemoteBackend:
         with self._lock:
             # Known from the first attempt on: a first call that fails after the service created the
             # sequence (deadline, cancel) must still be released, not left to the idle expiry.
-            start = shared_prefix(self._held.setdefault(sequence_id, []), token_ids)
+            held = self._held.get(sequence_id)
+            if held is None:
+                held = self._held[sequence_id] = _Held()
+            start = held.start(token_ids)
+            version = held.version
+            source, mark = mark_of(token_ids)
+            new = token_ids[start:]
         began_call = time.monotonic()
         give_up = began_call + self.retry_seconds
         delay = 0.05
@@ -118,24 +158,24 @@ class _RemoteBackend:
         while True:
             try:
                 began = time.monotonic()
-                response = rpc(make_request(start, token_ids[start:]), timeout=self._timeout(sequence_id),
-                               **_metadata())
+                response = rpc(make_request(start, new), timeout=self._timeout(sequence_id), **_metadata())
                 gateway_series(self.model_name).call(self.phase).observe(time.monotonic() - began)
                 with self._lock:
-                    self._held[sequence_id] = list(token_ids)
+                    held.sent(token_ids, start, new, version, source, mark)
+                    self._held[sequence_id] = held
                 return response
             except grpc.RpcError as err:
                 error = error_from_rpc(err, f"{self.role} service: ")
                 if isinstance(error, SequenceNotFoundError) and start > 0:
                     logger.info("%s lost sequence %s; resending its %d tokens", self.role, sequence_id, len(token_ids))
                     HISTORY_RESENDS.labels("gateway", self.model_name, self.phase).inc()
-                    start = 0
+                    start, new = 0, list(token_ids)
                     continue
                 if isinstance(error, SequencePreemptedError):
                     with self._lock:  # the service freed the sequence's blocks and forgot it
-                        if sequence_id in self._held:
-                            self._held[sequence_id] = []
-                    start = 0
+                        held.forget()
+                        version = held.version
+                    start, new = 0, list(token_ids)
                     if self._preempted_wait(sequence_id, began_call, preempted_delay):
                         logger.info("%s preempted sequence %s; resending its %d tokens", self.role, sequence_id,
                                     len(token_ids))

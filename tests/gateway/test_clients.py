@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import grpc
 import pytest
 
-from gateway.clients import RemoteTarget
+from gateway.clients import RemoteTarget, shared_prefix
 from specdec.proposal import Proposal
 from specdec.sampling import SamplingParams
 
@@ -194,5 +196,68 @@ def test_preemption_retries_stop_at_the_deadline_and_the_next_call_sends_everyth
         with pytest.raises(SequencePreemptedError):
             client.verify("s", [1, 2, 3], Proposal([]), params)
         assert waits == [0.02, 0.04, 0.08, 0.16] and set(starts) == {0}
+    finally:
+        client.close()
+
+
+def test_each_call_sends_what_follows_the_history_last_sent_on_random_histories(monkeypatch):
+    """What a client sends, kept incrementally, equals the whole-list rule on random rounds: each request
+    starts where the history last sent successfully and the new one stop sharing ids. The histories are
+    the loop's (one TokenHistory that grows; one that is cut back and regrows, as a lookahead's), equal
+    plain lists, calls that fail (nothing recorded) and preempted calls (resent whole, then held) — the
+    marks must never be trusted blindly."""
+    import gateway.clients as clients
+    from specdec.history import TokenHistory
+    from specdec.v1 import target_service_pb2
+
+    monkeypatch.setattr(clients.time, "sleep", lambda seconds: None)
+    sent = []
+
+    class Stub:
+        fail = preempt = False
+
+        def Verify(self, request, timeout=None):  # noqa: N802 - gRPC method name
+            sent.append((request.start_position, list(request.new_token_ids)))
+            if self.fail:
+                raise _DeadlineExceeded()
+            if self.preempt:
+                self.preempt = False
+                raise _Aborted()
+            return target_service_pb2.VerifyResponse(num_accepted_tokens=0, bonus_token_id=1)
+
+    rng = random.Random(0)
+    client = RemoteTarget("127.0.0.1:1")
+    stub = client._stub = Stub()
+    try:
+        for trial in range(20):
+            sid = f"s{trial}"
+            committed = TokenHistory(rng.randrange(5) for _ in range(rng.randrange(1, 30)))
+            view = TokenHistory()
+            held: list[int] = []  # what the service holds by the whole-list rule
+            for _ in range(60):
+                committed.extend(rng.randrange(5) for _ in range(rng.randrange(3)))
+                pick = rng.random()
+                if pick < 0.4:
+                    history = committed
+                elif pick < 0.8:  # the lookahead's list: cut back somewhere, then the committed ids and drafts
+                    view.truncate(rng.randrange(len(view) + 1))
+                    view += committed[len(view):] if committed[:len(view)] == view else []
+                    view += [rng.randrange(5) for _ in range(rng.randrange(3))]
+                    history = view if view else committed
+                else:
+                    history = list(committed) + [rng.randrange(5) for _ in range(rng.randrange(2))]
+                start = shared_prefix(held, history)
+                stub.fail = rng.random() < 0.15
+                preempted = stub.preempt = not stub.fail and rng.random() < 0.1
+                try:
+                    client.verify(sid, history, Proposal([]), SamplingParams(temperature=0))
+                    assert not stub.fail
+                    held = list(history)
+                except TimeoutError:
+                    assert stub.fail
+                if preempted:  # that call, then the whole history again
+                    assert sent[-2:] == [(start, history[start:]), (0, list(history))]
+                else:
+                    assert sent[-1] == (start, history[start:])
     finally:
         client.close()
