@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
+from specdec.history import TokenHistory, common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
@@ -37,7 +38,8 @@ def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceSta
     k = min(k, seq.budget - 1) if draft is not None else 0  # never draft past max_tokens / max_model_len
     proposal = ahead.take(seq, k) if ahead is not None else None  # drafted during the last verification
     if proposal is None:
-        proposal = draft.propose(seq.sequence_id, seq.token_ids, k, seq.params) if k > 0 else Proposal([])
+        proposal = draft.propose(seq.sequence_id, ahead.history(seq) if ahead is not None else seq.token_ids, k,
+                                 seq.params) if k > 0 else Proposal([])
     proposal = proposal.truncated(seq.budget - 1)  # a TLI draft's text can make more target tokens than k
     if ahead is not None:
         ahead.start(draft, seq, proposal, k)
@@ -59,13 +61,35 @@ class Lookahead:
     One per sequence. ``submit`` runs a call beside the caller and returns something with ``result()``
     (``concurrent.futures``); without it the caller runs the call (``call``) and hands the result to
     ``resolve`` (the group scheduler, which batches every sequence's lookahead into one phase).
+
+    Every Propose of the sequence (the lookahead's and, after a lost bet, the round's own) reads one list
+    kept in place, ``history``: the sequence's tokens, followed by the round's drafts while a bet runs.
+    Each round changes it by the new tokens only, and the draft's client, given the same list again,
+    compares only what changed (``specdec.history``).
     """
 
     def __init__(self, submit: Callable[..., Any] | None = None):
         self.submit = submit
         self.call: Callable[[], Proposal] | None = None  # the lookahead to run (group mode)
-        self._base: list[int] = []  # the history it drafts after: the round's context and drafts
+        # The history the draft is given: the sequence's tokens, then (during a bet) the round's drafts.
+        self._base = TokenHistory()
+        self._committed = 0  # _base[:_committed] are the sequence's tokens as of _mark
+        self._source: Any = None  # the sequence's token list, and its mark when _base was last synced
+        self._mark = None
         self._pending: Callable[[], Proposal | BaseException] | None = None
+
+    def history(self, seq: SequenceState, drafts: Sequence[int] = ()) -> TokenHistory:
+        """The draft's history of ``seq`` (then ``drafts``): the same list each time, changed in place by
+        what changed since the last call (a bet's drafts cut off, the newly committed tokens added)."""
+        tokens = seq.token_ids
+        keep = min(unchanged_prefix(self._source, self._mark, tokens), self._committed)
+        base = self._base
+        base.truncate(keep)
+        base += tokens[keep:]
+        self._committed = len(tokens)
+        self._source, self._mark = mark_of(tokens)
+        base += drafts
+        return base
 
     def start(self, draft: Proposer | None, seq: SequenceState, proposal: Proposal, k: int) -> None:
         """Begin drafting the round after ``proposal`` (k + 1 tokens: the bonus position and k drafts), if
@@ -73,8 +97,8 @@ class Lookahead:
         self.call = None
         if draft is None or k <= 0 or not proposal.draft_token_ids or seq.budget <= len(proposal.draft_token_ids) + 1:
             return
-        self._base = seq.token_ids + proposal.draft_token_ids
-        self.call = _call(draft.propose, seq.sequence_id, self._base, k + 1, seq.params)
+        self.call = _call(draft.propose, seq.sequence_id, self.history(seq, proposal.draft_token_ids), k + 1,
+                          seq.params)
         if self.submit is not None:
             future = self.submit(self.call)
             self.call = None
@@ -93,7 +117,11 @@ class Lookahead:
         drafted = pending()
         seq.stats.num_lookaheads += 1  # decided now: used or dropped
         n = len(self._base)
-        if isinstance(drafted, BaseException) or k <= 0 or seq.token_ids[:n] != self._base:
+        # the bet won only if the sequence now starts with what was drafted after (the committed part is
+        # known unchanged: only the drafts are compared)
+        known = min(unchanged_prefix(self._source, self._mark, seq.token_ids), self._committed)
+        if (isinstance(drafted, BaseException) or k <= 0 or len(seq.token_ids) < n
+                or common_prefix(self._base, seq.token_ids, known) < n):
             return None  # a draft error shows again (or is handled) in the round's own Propose
         landed = seq.token_ids[n:]  # the bonus token: one, when every draft was accepted
         if not landed or drafted.draft_token_ids[:len(landed)] != landed or len(drafted.draft_token_ids) <= len(landed):
@@ -143,8 +171,9 @@ def group_round(draft: Proposer | None, target: Verifier, seqs: Sequence[Sequenc
     aheads = aheads or [None] * len(seqs)
     proposals: list = [a.take(s, k) if a is not None else None for a, s, k in zip(aheads, seqs, ks)]
     drafting = [i for i, k in enumerate(ks) if k > 0 and proposals[i] is None]
-    (drafted,) = run_all([_call(draft.propose, seqs[i].sequence_id, seqs[i].token_ids, ks[i], seqs[i].params)
-                          for i in drafting])
+    (drafted,) = run_all([_call(draft.propose, seqs[i].sequence_id,
+                                aheads[i].history(seqs[i]) if aheads[i] is not None else seqs[i].token_ids, ks[i],
+                                seqs[i].params) for i in drafting])
     for i, p in zip(drafting, drafted):
         proposals[i] = p
     proposals = [Proposal([]) if p is None else p if isinstance(p, BaseException) else p.truncated(s.budget - 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -196,6 +197,65 @@ def test_lookahead_and_group_rounds_agree(monkeypatch):
     # round 3 proposed again (the bonus token at position 7 lost both bets), the last round had no lookahead
     assert phases_seen == [[2], [2, 2], [0], [2, 2], [2], [2, 2], [0], [2, 0]]
     assert (seqs[0].stats.num_lookaheads, seqs[0].stats.num_lookaheads_used) == (3, 1)
+
+
+class _WholeListLookahead(Lookahead):
+    """The lookahead as it was before its history was kept in place: a new list per bet, compared whole."""
+
+    def history(self, seq, drafts=()):
+        return seq.token_ids + list(drafts) if drafts else seq.token_ids
+
+    def take(self, seq, k):
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        drafted = pending()
+        seq.stats.num_lookaheads += 1
+        n = len(self._whole)
+        if isinstance(drafted, BaseException) or k <= 0 or list(seq.token_ids[:n]) != self._whole:
+            return None
+        landed = seq.token_ids[n:]
+        if not landed or drafted.draft_token_ids[:len(landed)] != landed or len(drafted.draft_token_ids) <= len(landed):
+            return None
+        seq.stats.num_lookaheads_used += 1
+        return drafted.after(len(landed)).truncated(k)
+
+    def start(self, draft, seq, proposal, k):
+        self._whole = list(seq.token_ids) + list(proposal.draft_token_ids)
+        super().start(draft, seq, proposal, k)
+
+
+class _ListRecordingDraft(CountingDraft):
+    def __init__(self):
+        super().__init__()
+        self.lists = set()
+
+    def propose(self, sequence_id, token_ids, k, params):
+        self.lists.add(id(token_ids))
+        return super().propose(sequence_id, token_ids, k, params)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_lookahead_keeps_one_history_in_place_and_decides_as_the_whole_list_rule(seed):
+    """With overlap the draft is given one list per sequence, changed in place round after round; every
+    call carries the same ids, and every bet is won or lost, as with a new list per call compared whole."""
+    rng = random.Random(seed)
+    k = rng.randint(1, 4)
+    breaks = set(rng.sample(range(3, 60), 12))
+
+    def run(ahead_class):
+        draft, target = _ListRecordingDraft(), CountingTarget(breaks)
+        seq = _counting_seq(40)
+        with ThreadPoolExecutor(1) as pool:
+            list(decode(draft, target, seq, k, ahead_class(pool.submit)))
+        return draft, target, seq
+
+    draft, target, seq = run(Lookahead)
+    old_draft, old_target, old_seq = run(_WholeListLookahead)
+    assert draft.calls == old_draft.calls and target.verified == old_target.verified
+    assert seq.output_token_ids == old_seq.output_token_ids
+    assert seq.stats.as_dict() == old_seq.stats.as_dict() and seq.stats.num_lookaheads_used > 0
+    assert len(draft.lists) == 1  # (the other one got the sequence's list, or a new list per bet)
 
 
 # -- overlap through the in-process workers (tiny random-weight pair of tests/conftest.py) ---------
