@@ -3,8 +3,9 @@ recent earlier occurrence of the sequence's last n tokens, n from ``prompt_looku
 ``prompt_lookup_min``, in prompt + output.
 
 No model: a sequence's history is its own draft. Each sequence keeps an index per n (n-gram → the
-position after its latest occurrence) that grows by one entry per n for each committed token, so a
-round costs a few dictionary look-ups, never a rescan of the history. Proposals carry no q (the target
+position after its latest occurrence) that grows by one entry per n for each committed token and
+takes a cut-back tail out again, so a round costs a few dictionary look-ups and updates, never a
+rescan or rebuild of the history. Proposals carry no q (the target
 accepts a draft token with probability p(x)), which keeps sampling lossless.
 
 ``HybridDraftWorker`` tries the n-gram lookup first and asks the draft model only for the sequences
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
+from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal
 
 DEFAULT_PROMPT_LOOKUP_MAX = 4
@@ -35,33 +37,76 @@ def check_lookup(prompt_lookup_min: int, prompt_lookup_max: int) -> None:
 
 
 class NgramIndex:
-    """The n-gram index of one token sequence, for n in [min_n, max_n]."""
+    """The n-gram index of one token sequence, for n in [min_n, max_n].
+
+    ``sync`` follows the history a round brings: the appended tokens are indexed, and a cut-back tail
+    (a lookahead's drafts lost) is taken out of the index by undoing its entries (the latest
+    ``UNDO_POSITIONS`` positions can be undone; a deeper cut rebuilds). Given the same ``TokenHistory``
+    again, only what changed since is compared. ``tokens`` stays one list, changed in place.
+    """
+
+    UNDO_POSITIONS = 256
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
         # n -> {n-gram: position of the token that followed its latest occurrence}
         self._after: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        # what indexing each of the latest positions overwrote (per n: the earlier position, or None);
+        # _undo[i] is position _undo_from + i
+        self._undo: list[tuple[int | None, ...]] = []
+        self._undo_from = 0
+        self._source = None  # the TokenHistory last synced with, and its mark then
+        self._mark = None
 
     def extend(self, new_tokens: list[int]) -> None:
-        tokens = self.tokens
+        tokens, undo, after = self.tokens, self._undo, self._after
         for token in new_tokens:
             tokens.append(token)
             end = len(tokens) - 1  # the n-grams ending just before this token are now followed by it
-            for n, table in self._after.items():
+            overwritten = []
+            for n, table in after.items():
                 if end >= n:
-                    table[tuple(tokens[end - n:end])] = end
+                    key = tuple(tokens[end - n:end])
+                    overwritten.append(table.get(key))
+                    table[key] = end
+            undo.append(tuple(overwritten))
+        if len(undo) > 2 * self.UNDO_POSITIONS:
+            drop = len(undo) - self.UNDO_POSITIONS
+            del undo[:drop]
+            self._undo_from += drop
+
+    def truncate(self, n: int) -> None:
+        """Index only ``tokens[:n]``: the entries of the positions after are undone, latest first."""
+        tokens = self.tokens
+        if n >= len(tokens):
+            return
+        if n < self._undo_from:  # deeper than the undo log reaches: rebuild
+            kept = tokens[:n]
+            del tokens[:]
+            for table in self._after.values():
+                table.clear()
+            self._undo, self._undo_from = [], 0
+            self.extend(kept)
+            return
+        for end in range(len(tokens) - 1, n - 1, -1):
+            overwritten = iter(self._undo.pop())
+            for size, table in self._after.items():
+                if end >= size:
+                    key = tuple(tokens[end - size:end])
+                    previous = next(overwritten)
+                    if previous is None:
+                        del table[key]
+                    else:
+                        table[key] = previous
+        del tokens[n:]
 
     def sync(self, token_ids: list[int]) -> None:
-        """Index exactly ``token_ids``: extend when they continue what is indexed, else rebuild."""
-        n = len(self.tokens)
-        if len(token_ids) >= n and token_ids[:n] == self.tokens:
-            self.extend(token_ids[n:])
-            return
-        self.tokens = []
-        for table in self._after.values():
-            table.clear()
-        self.extend(token_ids)
+        """Index exactly ``token_ids``: undo what no longer matches what is indexed, index what follows."""
+        known = min(unchanged_prefix(self._source, self._mark, token_ids), len(self.tokens))
+        self.truncate(common_prefix(self.tokens, token_ids, known))
+        self.extend(token_ids[len(self.tokens):])
+        self._source, self._mark = mark_of(token_ids)
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""

@@ -47,6 +47,33 @@ def test_index_proposals_equal_a_brute_force_search(low, high):
     assert index.tokens == [1, 2, 3] and index.propose(2) == brute_force([1, 2, 3], 2, low, high)
 
 
+@pytest.mark.parametrize("undo", [2, 8, 256])
+def test_index_kept_in_place_equals_an_index_rebuilt_from_scratch(monkeypatch, undo):
+    """Rounds that append and cut back (a lookahead's drafts lost): syncing with only what changed (the
+    same TokenHistory) or by comparing (a plain list) leaves exactly the index of the history built anew,
+    whether a cut is undone entry by entry or is deeper than the undo log and rebuilds."""
+    from specdec.history import TokenHistory
+
+    monkeypatch.setattr(NgramIndex, "UNDO_POSITIONS", undo)
+    rng = random.Random(undo)
+    for trial in range(60):
+        low = rng.randint(1, 3)
+        high = low + rng.randint(0, 2)
+        vocab = rng.choice([2, 3, 5, 20])
+        index, history = NgramIndex(low, high), TokenHistory()
+        tokens_list = index.tokens
+        for _ in range(40):
+            if history and rng.random() < 0.35:
+                history.truncate(rng.randrange(len(history) + 1))
+            history.extend(rng.randrange(vocab) for _ in range(rng.randrange(5)))
+            index.sync(history if rng.random() < 0.8 else list(history))
+            fresh = NgramIndex(low, high)
+            fresh.extend(list(history))
+            assert index.tokens == history and index._after == fresh._after
+            assert index.tokens is tokens_list  # one list, changed in place (a service compares it with what it sent)
+            assert index.propose(3) == brute_force(list(history), 3, low, high)
+
+
 def test_lookup_config_is_checked():
     assert SpeculativeConfig.from_any({"method": "ngram"}).lookup_range() == (2, 4)
     assert SpeculativeConfig.from_any({"method": "ngram", "prompt_lookup_max": 1}).lookup_range() == (1, 1)
