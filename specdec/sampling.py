@@ -6,11 +6,13 @@ The target-only path, the draft's proposals and the target's verification all go
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from specdec.errors import InvalidRequestError
+from specdec.history import TokenHistory
 from specdec.proposal import TokenLogprob
 
 
@@ -139,7 +141,7 @@ class PenaltyContext:
     ``token_ids + drafts[:j]`` (inside a block of drafts, the drafts before a row count as generated,
     as they would had the target decoded them one by one)."""
 
-    token_ids: list[int]  # the sequence before row 0: prompt, then generated tokens
+    token_ids: list[int]  # the sequence before row 0: prompt, then generated tokens (a TokenHistory: not copied)
     num_prompt_tokens: int
     min_tokens_stop_ids: frozenset[int]  # what min_tokens holds back: EOS (unless ignore_eos) + stop_token_ids
     drafts: list[int] = field(default_factory=list)
@@ -153,30 +155,39 @@ def penalty_context(params: SamplingParams, token_ids: list[int], eos_token_ids,
         raise InvalidRequestError("num_prompt_tokens (where the prompt ends) is required with penalties or "
                                   "min_tokens", param="num_prompt_tokens")
     stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos_token_ids))
-    return PenaltyContext(list(token_ids), params.num_prompt_tokens or 0, stops, list(drafts))
+    # A TokenHistory is read where it is (its counts are kept with it, see PenaltyCounts); a list is copied.
+    ids = token_ids if isinstance(token_ids, TokenHistory) else list(token_ids)
+    return PenaltyContext(ids, params.num_prompt_tokens or 0, stops, list(drafts))
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext | None) -> torch.Tensor:
     """Raw logits ``[m, vocab]`` (or ``[vocab]``) → penalised logits (a new float32 tensor), in vLLM's
     order: logit_bias and min_tokens, then repetition (prompt + generated: a positive logit divided by
     it, a negative one multiplied), frequency (times the token's count among generated tokens) and
-    presence (once if it was generated). Temperature, top-k and top-p come after (process_logits)."""
+    presence (once if it was generated). Temperature, top-k and top-p come after (process_logits).
+
+    With a ``TokenHistory`` (the loop's and the services' histories, and ``history + drafts``), the
+    counts come from its ``PenaltyCounts``, brought up to date with what changed since the last round:
+    O(new tokens) of Python per round instead of O(history). Anything else is counted in full."""
+    if ctx is None:
+        return logits.float()
+    rp = params.repetition_penalty
+    if (isinstance(ctx.token_ids, TokenHistory) and (params.min_tokens or params.presence_penalty
+                                                     or params.frequency_penalty or rp != 1)):
+        return _apply_counted(logits, params, ctx, PenaltyCounts.of(ctx.token_ids, ctx.num_prompt_tokens, rp != 1))
+    return apply_penalties_in_full(logits, params, ctx)
+
+
+def apply_penalties_in_full(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext | None) -> torch.Tensor:
+    """``apply_penalties`` counting the whole history (the reference the kept counts must match)."""
     if ctx is None:
         return logits.float()
     squeeze = logits.dim() == 1
     logits = logits.float().reshape(-1, logits.shape[-1]).clone()  # [m, vocab]
     m, vocab = logits.shape
     device = logits.device
-    if params.logit_bias:
-        ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long, device=device)
-        vals = torch.tensor([float(v) for t, v in params.logit_bias.items() if t < vocab], device=device)
-        logits[:, ids] += vals
     generated = [t for t in ctx.token_ids[ctx.num_prompt_tokens:] if t < vocab]
-    if params.min_tokens:
-        stops = torch.tensor(sorted(t for t in ctx.min_tokens_stop_ids if t < vocab), dtype=torch.long, device=device)
-        held = [j for j in range(m) if len(generated) + j < params.min_tokens]
-        if held and stops.numel():
-            logits[torch.tensor(held, device=device)[:, None], stops[None, :]] = float("-inf")
+    _bias_and_min_tokens(logits, params, ctx, len(generated))
     rp = params.repetition_penalty
     if params.presence_penalty or params.frequency_penalty or rp != 1:
         # Only the columns of tokens that occurred are touched: [m, columns], not [m, vocab].
@@ -201,6 +212,204 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyCo
                 sub = torch.where(seen, torch.where(sub > 0, sub / rp, sub * rp), sub)
             logits[:, idx] = sub - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
     return logits[0] if squeeze else logits
+
+
+def _bias_and_min_tokens(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext, num_generated: int) -> None:
+    """logit_bias, then min_tokens (EOS and stop ids at -inf in the rows before ``min_tokens`` generated ids),
+    in place on ``logits`` [m, vocab]."""
+    m, vocab = logits.shape
+    device = logits.device
+    if params.logit_bias:
+        ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long, device=device)
+        vals = torch.tensor([float(v) for t, v in params.logit_bias.items() if t < vocab], device=device)
+        logits[:, ids] += vals
+    if params.min_tokens:
+        stops = torch.tensor(sorted(t for t in ctx.min_tokens_stop_ids if t < vocab), dtype=torch.long, device=device)
+        held = [j for j in range(m) if num_generated + j < params.min_tokens]
+        if held and stops.numel():
+            logits[torch.tensor(held, device=device)[:, None], stops[None, :]] = float("-inf")
+
+
+def _apply_counted(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext,
+                   kept: tuple["PenaltyCounts", TokenHistory, int]) -> torch.Tensor:
+    """``apply_penalties_in_full``'s arithmetic over the kept counts: the same columns (in another order,
+    which changes nothing: each column is penalised on its own), so the same values."""
+    state, root, n = kept
+    with state.lock:
+        state.sync(root)
+        state.push(ctx.token_ids, n)  # ids after the kept history's (the drafts of ``history + drafts``)
+        try:
+            idx, counted, in_prompt = state.tensors()  # [columns] each, CPU
+            if idx.numel() and int(idx.max()) >= logits.shape[-1]:  # ids the logits do not cover
+                return apply_penalties_in_full(logits, params, ctx)
+            return _penalise(logits, params, ctx, state.num_generated, state.where, idx, counted, in_prompt)
+        finally:
+            state.pop(n)
+
+
+def _penalise(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext, num_generated: int,
+              where: dict[int, int], idx: torch.Tensor, counted: torch.Tensor, in_prompt: torch.Tensor) -> torch.Tensor:
+    squeeze = logits.dim() == 1
+    logits = logits.float().reshape(-1, logits.shape[-1]).clone()  # [m, vocab]
+    m, vocab = logits.shape
+    device = logits.device
+    _bias_and_min_tokens(logits, params, ctx, num_generated)
+    rp = params.repetition_penalty
+    if params.presence_penalty or params.frequency_penalty or rp != 1:
+        d = idx.numel()
+        extra: dict[int, int] = {}  # draft ids without a column -> their column
+        for t in ctx.drafts[: m - 1]:
+            if t < vocab and t not in where and t not in extra:
+                extra[t] = d + len(extra)
+        if d + len(extra):
+            columns = torch.cat([idx, torch.tensor(list(extra), dtype=torch.long)]).to(device)
+            counts = torch.zeros(m, d + len(extra), device=device)  # generated-token counts before each row
+            counts[:, :d] = counted.to(device)
+            for j, t in enumerate(ctx.drafts[: m - 1]):
+                if t < vocab:
+                    c = where.get(t)
+                    counts[j + 1:, extra[t] if c is None else c] += 1
+            sub = logits[:, columns]  # [m, columns]
+            if rp != 1:
+                seen = counts > 0
+                seen[:, :d] |= in_prompt.to(device)
+                sub = torch.where(seen, torch.where(sub > 0, sub / rp, sub * rp), sub)
+            logits[:, columns] = sub - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+    return logits[0] if squeeze else logits
+
+
+class PenaltyCounts:
+    """What the penalties read of one history, kept with it (``TokenHistory.cache``) and brought up to
+    date with what was appended or cut back since: one column per token id that occurs among the
+    generated ids (positions >= num_prompt_tokens) or, when the repetition penalty reads the prompt, in
+    the prompt; its count among the generated ids and whether the prompt holds it. Columns are in no
+    particular order; an id that no longer occurs loses its column. A cut deeper than the ids kept to
+    undo it (``TAIL``) recounts from the history."""
+
+    TAIL = 1024
+
+    def __init__(self, num_prompt_tokens: int, with_prompt: bool):
+        self.num_prompt = num_prompt_tokens
+        self.with_prompt = with_prompt
+        self.lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.length = 0  # ids counted
+        self.num_generated = 0
+        self.mark = None  # the history's mark when last synced
+        self.columns: list[int] = []  # token id per column
+        self.where: dict[int, int] = {}  # token id -> column
+        self.generated: list[int] = []  # per column: count among the generated ids
+        self.in_prompt: list[int] = []  # per column: count in the prompt (with_prompt only)
+        self._tail: list[int] = []  # the last ids counted, to undo a cut
+        self._tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # CPU, with spare room
+        self._dirty: set[int] = set()  # columns changed since the tensors were written
+
+    @staticmethod
+    def of(token_ids: TokenHistory, num_prompt_tokens: int, with_prompt: bool):
+        """(the counts kept for the history ``token_ids`` starts with, that history, how many ids of
+        ``token_ids`` it covers): ``history + drafts`` uses the counts of ``history``."""
+        root, n = token_ids, len(token_ids)
+        if token_ids.origin is not None:
+            origin, mark, length = token_ids.origin
+            if (len(origin) == length and origin.unchanged_since(mark) >= length
+                    and len(token_ids) - length <= PenaltyCounts.TAIL):
+                root, n = origin, length
+        key = ("penalties", num_prompt_tokens, with_prompt)
+        state = root.cache.get(key)
+        if state is None:
+            state = root.cache[key] = PenaltyCounts(num_prompt_tokens, with_prompt)
+        return state, root, n
+
+    # -- keeping up with the history ---------------------------------------------------------------------
+    def sync(self, history: TokenHistory) -> None:
+        keep = min(history.unchanged_since(self.mark), self.length) if self.mark is not None else 0
+        if self.length - keep > len(self._tail):  # cut deeper than the ids kept to undo it: recount
+            self._reset()
+            keep = 0
+        self.pop(keep)
+        self.push(history, keep)
+        self.mark = history.mark()
+
+    def push(self, token_ids: list[int], start: int) -> None:
+        """Count ``token_ids[start:]`` (they follow the ``start`` ids counted)."""
+        assert start == self.length
+        new = token_ids[start:]
+        for p, t in enumerate(new, start):
+            if p >= self.num_prompt:
+                self.generated[self._column(t)] += 1
+                self.num_generated += 1
+            elif self.with_prompt:
+                self.in_prompt[self._column(t)] += 1
+        self.length += len(new)
+        tail = self._tail
+        tail += new
+        if len(tail) > 2 * self.TAIL:
+            del tail[: len(tail) - self.TAIL]
+
+    def pop(self, n: int) -> None:
+        """Uncount the ids after the first ``n`` (at most ``len(_tail)`` of them)."""
+        tail = self._tail
+        for p in range(self.length - 1, n - 1, -1):
+            t = tail.pop()
+            c = self.where.get(t)
+            if p >= self.num_prompt:
+                self.generated[c] -= 1
+                self.num_generated -= 1
+            elif self.with_prompt:
+                self.in_prompt[c] -= 1
+            else:
+                continue
+            self._dirty.add(c)
+            if not self.generated[c] and not self.in_prompt[c]:
+                self._drop(c)
+        self.length = min(self.length, n)
+
+    def _column(self, t: int) -> int:
+        c = self.where.get(t)
+        if c is None:
+            c = self.where[t] = len(self.columns)
+            self.columns.append(t)
+            self.generated.append(0)
+            self.in_prompt.append(0)
+        self._dirty.add(c)
+        return c
+
+    def _drop(self, c: int) -> None:
+        """Remove column c (the last column takes its place)."""
+        last = len(self.columns) - 1
+        del self.where[self.columns[c]]
+        if c != last:
+            self.columns[c], self.generated[c], self.in_prompt[c] = (self.columns[last], self.generated[last],
+                                                                     self.in_prompt[last])
+            self.where[self.columns[c]] = c
+        self.columns.pop()
+        self.generated.pop()
+        self.in_prompt.pop()
+
+    # -- as tensors ----------------------------------------------------------------------------------------
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(token ids, generated counts as float32, in the prompt) per column, on the CPU; only the columns
+        that changed since the last call are written."""
+        d = len(self.columns)
+        if self._tensors is None or self._tensors[0].numel() < d:
+            room = max(16, 2 * d)
+            pad = room - d
+            self._tensors = (torch.tensor(self.columns + [0] * pad, dtype=torch.long),
+                             torch.tensor(self.generated + [0] * pad, dtype=torch.float32),
+                             torch.tensor(self.in_prompt + [0] * pad, dtype=torch.long) > 0)
+        elif self._dirty:
+            changed = [c for c in self._dirty if c < d]
+            if changed:
+                at = torch.tensor(changed, dtype=torch.long)
+                idx, counted, in_prompt = self._tensors
+                idx[at] = torch.tensor([self.columns[c] for c in changed], dtype=torch.long)
+                counted[at] = torch.tensor([float(self.generated[c]) for c in changed])
+                in_prompt[at] = torch.tensor([self.in_prompt[c] > 0 for c in changed])
+        self._dirty.clear()
+        idx, counted, in_prompt = self._tensors
+        return idx[:d], counted[:d], in_prompt[:d]
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext | None = None) -> torch.Tensor:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import random
 
 import pytest
 import torch
@@ -75,7 +76,53 @@ def test_each_row_of_a_block_is_penalised_as_the_target_alone_would():
     assert torch.equal(logits, raw)  # the raw logits (logprobs read them) are untouched
 
 
-# Mixed signs: repeats are encouraged (presence < 0, repetition < 1), then pushed back as counts grow.
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (a -0.0 that became +0.0 counts as a difference)."""
+    return torch.equal(a, b) and torch.equal(torch.signbit(a), torch.signbit(b))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kept_counts_penalise_exactly_as_counting_the_whole_history(monkeypatch, seed):
+    """The counts kept with a TokenHistory (brought up to date with what was appended or cut back since the
+    last round) give the very logits counting the whole list gives: over random histories that grow, lose
+    a tail (a lookahead's drafts) or are rewritten deeper than the ids kept to undo it (recounted), read as
+    the history itself (the target: drafts per row) and as ``history + drafts`` (the draft's steps), with
+    ids past the logits' width now and then (counted in full)."""
+    from specdec.history import TokenHistory
+    from specdec.sampling import PenaltyCounts, apply_penalties, apply_penalties_in_full
+
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    for trial in range(40):
+        monkeypatch.setattr(PenaltyCounts, "TAIL", rng.choice([3, 1024]))
+        vocab = rng.choice([6, 30])
+        prompt_len = rng.randrange(12)
+        p = SamplingParams(presence_penalty=rng.choice([0.0, 0.5, -1.0]), frequency_penalty=rng.choice([0.0, 0.3, -0.4]),
+                           repetition_penalty=rng.choice([1.0, 1.3, 0.7]), logit_bias=rng.choice([None, {1: 2.0}]),
+                           min_tokens=rng.choice([0, 3, 20]), max_tokens=100, stop_token_ids=[4],
+                           num_prompt_tokens=prompt_len)
+        if not p.has_penalties:
+            continue
+        history = TokenHistory(rng.randrange(vocab) for _ in range(prompt_len + rng.randrange(4)))
+        for _ in range(20):
+            if history and rng.random() < 0.35:
+                history.truncate(rng.randrange(len(history) + 1))
+            wide = rng.random() < 0.05  # an id the logits do not cover
+            history.extend(rng.randrange(vocab + (3 if wide else 0)) for _ in range(rng.randrange(4)))
+            drafts = [rng.randrange(vocab + 1) for _ in range(rng.randrange(4))]
+            logits = torch.randn(len(drafts) + 1, vocab, generator=g) * 3
+            logits[0, rng.randrange(vocab)] = -0.0
+            got = apply_penalties(logits, p, penalty_context(p, history, {EOS}, drafts))
+            want = apply_penalties_in_full(logits, p, penalty_context(p, list(history), {EOS}, drafts))
+            assert _same(got, want)
+            for j in range(len(drafts) + 1):  # the draft's steps: one row after history + drafts[:j]
+                steps = history + drafts[:j]
+                got = apply_penalties(logits[j], p, penalty_context(p, steps, {EOS}))
+                want = apply_penalties_in_full(logits[j], p, penalty_context(p, list(steps), {EOS}))
+                assert _same(got, want)
+
+
+# Mixed signs: repeats are encouraged# Mixed signs: repeats are encouraged (presence < 0, repetition < 1), then pushed back as counts grow.
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, presence_penalty=-1.0, frequency_penalty=0.5,
                         repetition_penalty=0.8, logit_bias={30459: -100.0, 1000: 2.0}, min_tokens=4)
 
