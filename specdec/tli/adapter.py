@@ -23,6 +23,7 @@ import torch
 from kernels.dispatch import kernels_mode, resolve, tli_fns
 from specdec.config import TLI_PROPOSALS
 from specdec.errors import ConfigError
+from specdec.history import TokenHistory, common_prefix, mark_of, unchanged_prefix
 from specdec.tli.draft_context import DraftContext
 from specdec.tli.vocab_mapping import VocabMapping, analyze_tokenizer, check_useful, load_or_build_mapping
 
@@ -80,16 +81,39 @@ class TLIAdapter:
         return self.mapping.target_fingerprint
 
     def draft_history(self, state: dict, target_ids: list[int]) -> list[int]:
-        """The draft ids of the committed text ``target_ids`` stand for; ``state`` is per sequence."""
+        """The draft ids of the committed text ``target_ids`` stand for; ``state`` is per sequence.
+
+        Incremental: the context re-tokenizes only the text of the new target ids (a small window, see
+        ``DraftContext``); given the same ``TokenHistory`` again, only what changed since is compared; and
+        the draft ids come back in one list per sequence, changed in place by what the context changed (it
+        stays valid until the next call with this state)."""
         ctx: DraftContext | None = state.get("ctx")
-        seen: list[int] = state.get("target_ids", [])
-        if ctx is None or len(seen) > len(target_ids) or target_ids[: len(seen)] != seen:
-            ctx = DraftContext(self.draft_tokenizer, target_tokenizer=self.target_tokenizer, prefix_ids=self._prefix)
-            seen = []
-            state["ctx"] = ctx
-        ctx.extend_target_ids(target_ids[len(seen):])
-        state["target_ids"] = list(target_ids)
-        return ctx.ids
+        seen = state.get("target_ids")  # the target ids ctx holds the text of
+        draft_ids = state.get("draft_ids")  # ctx.ids, kept in place
+        if not isinstance(seen, TokenHistory) or not isinstance(draft_ids, TokenHistory):
+            seen = draft_ids = None
+        if ctx is not None and seen is not None:
+            known = min(unchanged_prefix(state.get("source"), state.get("source_mark"), target_ids), len(seen))
+            if len(target_ids) >= len(seen) and common_prefix(seen, target_ids, known) == len(seen):
+                new = target_ids[len(seen):]
+                stable = ctx.extend_target_ids(new)
+                seen += new
+                draft_ids.truncate(stable)
+                draft_ids += ctx.ids_from(len(draft_ids))
+                state["source"], state["source_mark"] = mark_of(target_ids)
+                return draft_ids
+        # a new sequence, or a history that does not extend the last one: from the start
+        if seen is None:
+            seen, draft_ids = state["target_ids"], state["draft_ids"] = TokenHistory(), TokenHistory()
+        seen.truncate(0)  # (the same lists: the service compares what it holds with what it sent)
+        draft_ids.truncate(0)
+        ctx = state["ctx"] = DraftContext(self.draft_tokenizer, target_tokenizer=self.target_tokenizer,
+                                          prefix_ids=self._prefix)
+        ctx.extend_target_ids(target_ids)
+        seen += target_ids
+        draft_ids += ctx.ids
+        state["source"], state["source_mark"] = mark_of(target_ids)
+        return draft_ids
 
     def _fns(self, device: torch.device):
         return tli_fns(resolve(self.kernels, device))

@@ -178,7 +178,7 @@ def test_draft_history_follows_target_ids_in_chunks(adapter, text_index):
             stable = state["ctx"].last_stable
             assert draft_ids[:stable] == before[:stable], "ids before the stable point changed"
             assert not set(draft_ids) & analyze_tokenizer(d_tok).special_ids, "a draft special token stands for text"
-            before = draft_ids
+            before = list(draft_ids)  # (the next call changes the list it returned, in place)
         decoded = t_tok.decode(target_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         assert d_tok.decode(draft_ids, clean_up_tokenization_spaces=False) == decoded
         if "<|" not in text:  # the final ids are the draft tokenizer's own tokenization of the text
@@ -194,6 +194,36 @@ def test_draft_history_restarts_when_the_history_is_rewritten(adapter):
     state: dict = {}
     for ids in (a, a[: len(a) // 2], b, b + a[1:], a[:3]):
         _check_step(adapter, ids, adapter.draft_history(state, ids))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_draft_history_kept_in_place_equals_a_fresh_one(adapter, seed):
+    """Given one TokenHistory that grows and loses a tail now and then (as a service's or a lookahead's),
+    draft_history compares only what changed and changes its own lists in place; every step returns the
+    ids a fresh state gets from the same ids as a plain list."""
+    from specdec.history import TokenHistory
+
+    rng = random.Random(seed)
+    t_tok = adapter.target_tokenizer
+    target_ids = [i for text in TRICKY_TEXTS for i in t_tok(text).input_ids]
+    state: dict = {}
+    history = TokenHistory(target_ids[:3])
+    first = adapter.draft_history(state, history)
+    lists = (first, state["target_ids"])
+    pos = 3
+    while pos < len(target_ids):
+        if rng.random() < 0.3:  # a tail lost (drafts), then committed ids again
+            history.truncate(max(1, len(history) - rng.randint(1, 5)))
+            history += [rng.randrange(1000, 2000) for _ in range(rng.randint(0, 3))]
+            got = adapter.draft_history(state, history)
+            assert got == adapter.draft_history({}, list(history))
+            history.truncate(max(1, pos - rng.randint(0, 3)))
+        history += target_ids[len(history):pos]
+        got = adapter.draft_history(state, history)
+        assert got == adapter.draft_history({}, list(history)), pos
+        _check_step(adapter, list(history), got)
+        assert got is lists[0] and state["target_ids"] is lists[1]  # changed in place
+        pos += rng.randint(1, 6)
 
 
 @pytest.mark.parametrize("text_index", range(len(TRICKY_TEXTS)))
