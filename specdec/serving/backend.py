@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from specdec.config import DEFAULT_TARGET, parse_byte_size
 from specdec.errors import ConfigError, InvalidRequestError, SequenceNotFoundError
 from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
+from specdec.history import TokenHistory, common_prefix
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING,
@@ -233,7 +234,14 @@ class Backend:
 
     # -- requests ------------------------------------------------------------------------------------
     def history(self, sequence_id: str, start_position: int, new_token_ids: list[int]) -> list[int]:
-        """The sequence's full token ids: the held prefix [0, start_position) + the new ones."""
+        """The sequence's full token ids: the held prefix [0, start_position) + the new ones.
+
+        A sequence the service holds gets them in one ``TokenHistory`` kept from call to call
+        (``specdec.history``): it loses what follows start_position and gains the new ids, so a round costs
+        the new ids, not the history, here and in the readers that keep a mark of it. Its prefix is the held
+        prefix: they matched at the last call, and only what the held ids may have gained since is compared
+        (held ids change only by being cut back or by taking the ids of the history returned here).
+        """
         if not sequence_id:
             raise InvalidRequestError("sequence_id is empty", param="sequence_id")
         # ids arrive in target ids (an n-gram draft takes any: it only looks them up)
@@ -241,22 +249,35 @@ class Backend:
         bad = [t for t in new_token_ids if t >= vocab]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="new_token_ids")
-        if start_position == 0:
-            tokens = list(new_token_ids)
-        else:
+        tokens = None
+        if start_position > 0 or sequence_id in self.runner.sequences:
             with self.runner.lock:
                 seq = self.runner.sequences.get(sequence_id)
                 # A TLI draft caches its own ids and a hybrid one skips the model on lookup rounds: both
                 # keep the history they were sent (target ids) beside their cache.
                 held_ids = ([] if seq is None else seq.vocab_state.get("target_ids", [] if self.tli else seq.tokens))
-                if seq is None or len(held_ids) < start_position:
+                if start_position > 0 and (seq is None or len(held_ids) < start_position):
                     held = len(held_ids)
                     self.metrics.cache_miss()
                     raise SequenceNotFoundError(
                         f"{self.role}: sequence {sequence_id!r} holds {held} tokens, not the {start_position} the "
                         "request builds on (restart or eviction); resend the whole history with start_position=0"
                     )
-                tokens = held_ids[:start_position] + list(new_token_ids)
+                if seq is not None:
+                    # (the held ids then, the history returned then, how many leading ids they shared)
+                    held_then, tokens, shared = seq.vocab_state.get("history") or (None, TokenHistory(), 0)
+                    if start_position == 0:
+                        tokens.truncate(common_prefix(tokens, new_token_ids))
+                        tokens += new_token_ids[len(tokens):]
+                    else:
+                        known = min(shared, start_position) if held_then is held_ids else 0
+                        same = common_prefix(tokens, held_ids, known)  # bounded: the ids held since then
+                        tokens.truncate(min(same, start_position))
+                        tokens += held_ids[len(tokens):start_position]
+                        tokens += new_token_ids
+                    seq.vocab_state["history"] = (held_ids, tokens, start_position)
+        if tokens is None:  # a new sequence: nothing held
+            tokens = TokenHistory(new_token_ids)
         if not tokens:
             raise InvalidRequestError("the sequence is empty: send at least one token", param="new_token_ids")
         return tokens
