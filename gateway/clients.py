@@ -71,7 +71,7 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return common_prefix(a, b)
 
 
-class _Held:
+class SentHistory:
     """What this client last sent of one sequence (what the service holds), kept in place."""
 
     __slots__ = ("ids", "source", "mark", "version")
@@ -116,7 +116,7 @@ class _RemoteBackend:
         self.retry_seconds = retry_seconds
         # how long a call may keep resending a sequence its service preempted (KV pool full)
         self.preempted_retry_seconds = retry_seconds
-        self._held: dict[str, _Held] = {}  # sequence id -> the history last sent (the service holds it)
+        self._held: dict[str, SentHistory] = {}  # sequence id -> the history last sent (the service holds it)
         self._lock = threading.Lock()
         self._deadlines: dict[str, float] = {}  # sequence id -> the request's deadline (monotonic)
         self.call_timeout: float | None = None  # a deadline of each call of its own (the draft's, with fallback)
@@ -146,7 +146,7 @@ class _RemoteBackend:
             # sequence (deadline, cancel) must still be released, not left to the idle expiry.
             held = self._held.get(sequence_id)
             if held is None:
-                held = self._held[sequence_id] = _Held()
+                held = self._held[sequence_id] = SentHistory()
             start = held.start(token_ids)
             version = held.version
             source, mark = mark_of(token_ids)
