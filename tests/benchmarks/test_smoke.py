@@ -79,6 +79,13 @@ LEAN_TARGET = Expected(
                              "x transformers", "identical"], "model",
     ["target"] * 5 + ["gemma3"] * 5,  # the tiny Llama and Gemma-3 folders' names
     {"cpu", "args", "lean_over_transformers"}, numeric=["ms/1-token pass", "ms/5-token pass", "tokens/s", "x transformers"])
+HOST_ROUND_COMPONENTS = ["gateway clients", "lookahead", "backend history", "n-gram index, grows",
+                         "n-gram index, cut back", "tli history", "target penalties", "draft penalties"]
+HOST_ROUND = Expected(
+    "bench_host_round.py", ["component", "history", "before us", "after us", "before / after"], "component",
+    [c for c in HOST_ROUND_COMPONENTS for _ in (64, 256)],
+    {"histories", "rounds", "k", "accepted", "vocab", "penalties", "distinct_ids", "growth", "skipped"},
+    numeric=["history", "before us", "after us"])
 DEFAULT_PAIR = Expected(
     "bench_default_pair.py", ["setup", "tokens/s", "speedup", "acceptance", "tokens/pass"], "setup",
     ["target alone (float32), served", "specdec k=1, target float32, draft bfloat16",
@@ -177,13 +184,19 @@ def check_lean_target(data: dict) -> None:
     assert {"model", "cores", "flags", "load_average_start", "load_average_end"} <= set(data["cpu"])
 
 
+def check_host_round(data: dict) -> None:
+    assert [r["history"] for r in data["rows"]] == [64, 256] * len(HOST_ROUND_COMPONENTS)
+    assert set(data["growth"]) == set(HOST_ROUND_COMPONENTS) and data["skipped"] == {}
+
+
 def check_default_pair(data: dict) -> None:
     assert data["best"]["setup"] == DEFAULT_PAIR.labels[1]
 
 
 @pytest.mark.parametrize("exp, extra", [pytest.param(e, f, id=e.script) for e, f in [
     (OFFLINE, check_offline), (SERVING, check_serving), (TLI, check_tli), (DRAFT_STEP, check_draft_step),
-    (CONCURRENCY, check_concurrency), (OVERLAP, check_overlap), (LEAN_TARGET, check_lean_target)]])
+    (CONCURRENCY, check_concurrency), (OVERLAP, check_overlap), (LEAN_TARGET, check_lean_target),
+    (HOST_ROUND, check_host_round)]])
 def test_smoke(exp: Expected, extra, tmp_path):
     stdout, data = run_smoke(exp, tmp_path)
     check(exp, stdout, data)
