@@ -283,12 +283,11 @@ def tli_pair(root: Path):
     """The --smoke TLI pair's tokenizers: SmolLM2's (target) and SmolLM2's cut to 8,192 ids (draft)."""
     from transformers import AutoTokenizer
 
-    import specdec
-    from specdec.config import DEFAULT_DRAFT, default_draft_path
+    from specdec.config import default_draft_path
     from specdec.tli.adapter import TLIAdapter
 
-    src = default_draft_path() or Path(specdec.__file__).parent / "assets" / DEFAULT_DRAFT  # (only its tokenizer)
-    if not (src / "tokenizer.json").exists():
+    src = default_draft_path()
+    if src is None:
         return None, "the embedded default draft (SmolLM2's tokenizer) is missing"
     os.environ.setdefault("SPECDEC_CACHE", str(root / "cache"))  # the pair's vocabulary mapping
     target_tok = AutoTokenizer.from_pretrained(src)
