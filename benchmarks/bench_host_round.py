@@ -53,7 +53,7 @@ from specdec.serving.backend import Backend, BackendConfig  # noqa: E402
 
 COLUMNS = ["component", "history", "before us", "after us", "before / after"]
 COMPONENTS = ["gateway clients", "lookahead", "backend history", "n-gram index, grows", "n-gram index, cut back",
-              "tli history", "target penalties", "draft penalties"]
+              "tli history", "target penalties", "draft penalties", "draft penalties, after="]
 K, ACCEPTED = 4, 2  # drafts per round, accepted per round (+ the target's token: 3 new tokens)
 VOCAB = 49152
 EOS = {0}
@@ -250,7 +250,7 @@ def tli_history(n: int, rounds: int, old: bool, adapter, text_ids: list[int]) ->
 PENALTIES = dict(temperature=1.0, presence_penalty=0.1, frequency_penalty=0.2, repetition_penalty=1.1)
 
 
-def penalties(n: int, rounds: int, old: bool, rng: random.Random, draft: bool) -> list[float]:
+def penalties(n: int, rounds: int, old: bool, rng: random.Random, draft: bool, after: bool = False) -> list[float]:
     params = SamplingParams(**PENALTIES, num_prompt_tokens=n)
     history = TokenHistory(text_like(rng, n))
     listed = list(history)
@@ -267,6 +267,8 @@ def penalties(n: int, rounds: int, old: bool, rng: random.Random, draft: bool) -
                 for j in range(K):
                     if old:
                         apply_penalties_in_full(logits[j], params, penalty_context(params, listed + drafts[:j], EOS))
+                    elif after:
+                        apply_penalties(logits[j], params, penalty_context(params, history, EOS, after=drafts[:j]))
                     else:
                         apply_penalties(logits[j], params, penalty_context(params, history + drafts[:j], EOS))
         else:  # the target worker: k + 1 rows, the drafts before each row counted
@@ -331,7 +333,8 @@ def main() -> None:
                         return median_us(ngram(n, rounds, old, rng, cut_back=component.endswith("cut back")))
                     if component == "tli history":
                         return None if adapter is None else median_us(tli_history(n, rounds, old, adapter, text_ids))
-                    return median_us(penalties(n, rounds, old, rng, draft=component.startswith("draft")))
+                    return median_us(penalties(n, rounds, old, rng, draft=component.startswith("draft"),
+                                               after=component.endswith("after=")))
 
                 before, after = run(old=True), run(old=False)
                 if before is None:
@@ -348,7 +351,7 @@ def main() -> None:
         growth[component] = {key: ratio(at[hi][key], at[lo][key]) for key in ("before us", "after us")}
     print(f"\nper-round cost at {hi} tokens / at {lo} tokens:")
     for component, g in growth.items():
-        print(f"  {component:24s} before x{_x(g['before us'])}   after x{_x(g['after us'])}")
+        print(f"  {component:25s} before x{_x(g['before us'])}   after x{_x(g['after us'])}")
     for component, why in skipped.items():
         print(f"  ({component}: not measured: {why})")
     write_json(json_path(args, "bench_host_round"), {

@@ -138,16 +138,20 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 @dataclass
 class PenaltyContext:
     """What history-dependent processing reads, for rows ``[m, vocab]`` of logits: row j follows
-    ``token_ids + drafts[:j]`` (inside a block of drafts, the drafts before a row count as generated,
-    as they would had the target decoded them one by one)."""
+    ``token_ids + after + drafts[:j]`` (inside a block of drafts, the drafts before a row count as
+    generated, as they would had the target decoded them one by one)."""
 
     token_ids: list[int]  # the sequence before row 0: prompt, then generated tokens (a TokenHistory: not copied)
     num_prompt_tokens: int
     min_tokens_stop_ids: frozenset[int]  # what min_tokens holds back: EOS (unless ignore_eos) + stop_token_ids
     drafts: list[int] = field(default_factory=list)
+    # ids that follow token_ids before every row (a draft's own drafts so far this round): the same as
+    # token_ids + after, without copying the history
+    after: list[int] = field(default_factory=list)
 
 
-def penalty_context(params: SamplingParams, token_ids: list[int], eos_token_ids, drafts: list[int] = ()) -> PenaltyContext | None:
+def penalty_context(params: SamplingParams, token_ids: list[int], eos_token_ids, drafts: list[int] = (),
+                    after: list[int] = ()) -> PenaltyContext | None:
     """The context for ``apply_penalties`` (None when the params have no penalties or biases)."""
     if not params.has_penalties:
         return None
@@ -157,7 +161,7 @@ def penalty_context(params: SamplingParams, token_ids: list[int], eos_token_ids,
     stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos_token_ids))
     # A TokenHistory is read where it is (its counts are kept with it, see PenaltyCounts); a list is copied.
     ids = token_ids if isinstance(token_ids, TokenHistory) else list(token_ids)
-    return PenaltyContext(ids, params.num_prompt_tokens or 0, stops, list(drafts))
+    return PenaltyContext(ids, params.num_prompt_tokens or 0, stops, list(drafts), list(after))
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyContext | None) -> torch.Tensor:
@@ -182,6 +186,8 @@ def apply_penalties_in_full(logits: torch.Tensor, params: SamplingParams, ctx: P
     """``apply_penalties`` counting the whole history (the reference the kept counts must match)."""
     if ctx is None:
         return logits.float()
+    if ctx.after:
+        ctx = replace(ctx, token_ids=list(ctx.token_ids) + ctx.after, after=[])
     squeeze = logits.dim() == 1
     logits = logits.float().reshape(-1, logits.shape[-1]).clone()  # [m, vocab]
     m, vocab = logits.shape
@@ -235,9 +241,12 @@ def _apply_counted(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyCon
     """``apply_penalties_in_full``'s arithmetic over the kept counts: the same columns (in another order,
     which changes nothing: each column is penalised on its own), so the same values."""
     state, root, n = kept
+    extra = ctx.token_ids[n:] + ctx.after  # ids after the kept history's (the drafts of ``history + drafts``)
+    if len(extra) > PenaltyCounts.TAIL:
+        return apply_penalties_in_full(logits, params, ctx)
     with state.lock:
         state.sync(root)
-        state.push(ctx.token_ids, n)  # ids after the kept history's (the drafts of ``history + drafts``)
+        state.push(extra)
         try:
             idx, counted, in_prompt = state.tensors()  # [columns] each, CPU
             if idx.numel() and int(idx.max()) >= logits.shape[-1]:  # ids the logits do not cover
@@ -313,8 +322,7 @@ class PenaltyCounts:
         root, n = token_ids, len(token_ids)
         if token_ids.origin is not None:
             origin, mark, length = token_ids.origin
-            if (len(origin) == length and origin.unchanged_since(mark) >= length
-                    and len(token_ids) - length <= PenaltyCounts.TAIL):
+            if len(origin) == length and origin.unchanged_since(mark) >= length:
                 root, n = origin, length
         key = ("penalties", num_prompt_tokens, with_prompt)
         state = root.cache.get(key)
@@ -329,14 +337,12 @@ class PenaltyCounts:
             self._reset()
             keep = 0
         self.pop(keep)
-        self.push(history, keep)
+        self.push(history[keep:])
         self.mark = history.mark()
 
-    def push(self, token_ids: list[int], start: int) -> None:
-        """Count ``token_ids[start:]`` (they follow the ``start`` ids counted)."""
-        assert start == self.length
-        new = token_ids[start:]
-        for p, t in enumerate(new, start):
+    def push(self, new: list[int]) -> None:
+        """Count ``new``, the ids that follow those counted."""
+        for p, t in enumerate(new, self.length):
             if p >= self.num_prompt:
                 self.generated[self._column(t)] += 1
                 self.num_generated += 1

@@ -80,7 +80,8 @@ LEAN_TARGET = Expected(
     ["target"] * 5 + ["gemma3"] * 5,  # the tiny Llama and Gemma-3 folders' names
     {"cpu", "args", "lean_over_transformers"}, numeric=["ms/1-token pass", "ms/5-token pass", "tokens/s", "x transformers"])
 HOST_ROUND_COMPONENTS = ["gateway clients", "lookahead", "backend history", "n-gram index, grows",
-                         "n-gram index, cut back", "tli history", "target penalties", "draft penalties"]
+                         "n-gram index, cut back", "tli history", "target penalties", "draft penalties",
+                         "draft penalties, after="]
 HOST_ROUND = Expected(
     "bench_host_round.py", ["component", "history", "before us", "after us", "before / after"], "component",
     [c for c in HOST_ROUND_COMPONENTS for _ in (64, 256)],

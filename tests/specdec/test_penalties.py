@@ -86,8 +86,8 @@ def test_kept_counts_penalise_exactly_as_counting_the_whole_history(monkeypatch,
     """The counts kept with a TokenHistory (brought up to date with what was appended or cut back since the
     last round) give the very logits counting the whole list gives: over random histories that grow, lose
     a tail (a lookahead's drafts) or are rewritten deeper than the ids kept to undo it (recounted), read as
-    the history itself (the target: drafts per row) and as ``history + drafts`` (the draft's steps), with
-    ids past the logits' width now and then (counted in full)."""
+    the history itself (the target: drafts per row) and as ``history + drafts`` or ``after=drafts`` (the
+    draft's steps), with ids past the logits' width now and then (counted in full)."""
     from specdec.history import TokenHistory
     from specdec.sampling import PenaltyCounts, apply_penalties, apply_penalties_in_full
 
@@ -117,9 +117,12 @@ def test_kept_counts_penalise_exactly_as_counting_the_whole_history(monkeypatch,
             assert _same(got, want)
             for j in range(len(drafts) + 1):  # the draft's steps: one row after history + drafts[:j]
                 steps = history + drafts[:j]
-                got = apply_penalties(logits[j], p, penalty_context(p, steps, {EOS}))
                 want = apply_penalties_in_full(logits[j], p, penalty_context(p, list(steps), {EOS}))
-                assert _same(got, want)
+                assert _same(apply_penalties(logits[j], p, penalty_context(p, steps, {EOS})), want)
+                # the same without copying the history: the drafts so far as ``after``
+                assert _same(apply_penalties(logits[j], p, penalty_context(p, history, {EOS}, after=drafts[:j])), want)
+                assert _same(apply_penalties_in_full(logits[j], p, penalty_context(p, list(history), {EOS},
+                                                                                     after=drafts[:j])), want)
 
 
 # Mixed signs: repeats are encouraged# Mixed signs: repeats are encouraged (presence < 0, repetition < 1), then pushed back as counts grow.
