@@ -93,14 +93,14 @@ class TLIAdapter:
         if not isinstance(seen, TokenHistory) or not isinstance(draft_ids, TokenHistory):
             seen = draft_ids = None
         if ctx is not None and seen is not None:
-            known = min(unchanged_prefix(state.get("source"), state.get("source_mark"), target_ids), len(seen))
+            known = min(unchanged_prefix(state.get("target_source"), state.get("target_mark"), target_ids), len(seen))
             if len(target_ids) >= len(seen) and common_prefix(seen, target_ids, known) == len(seen):
                 new = target_ids[len(seen):]
                 stable = ctx.extend_target_ids(new)
                 seen += new
                 draft_ids.truncate(stable)
                 draft_ids += ctx.ids_from(len(draft_ids))
-                state["source"], state["source_mark"] = mark_of(target_ids)
+                state["target_source"], state["target_mark"] = mark_of(target_ids)
                 return draft_ids
         # a new sequence, or a history that does not extend the last one: from the start
         if seen is None:
@@ -112,7 +112,7 @@ class TLIAdapter:
         ctx.extend_target_ids(target_ids)
         seen += target_ids
         draft_ids += ctx.ids
-        state["source"], state["source_mark"] = mark_of(target_ids)
+        state["target_source"], state["target_mark"] = mark_of(target_ids)
         return draft_ids
 
     def _fns(self, device: torch.device):
