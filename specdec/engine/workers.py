@@ -136,7 +136,7 @@ class DraftWorker:
                         last = tli.restrict(last)
                     if tli is None and call.params.has_penalties:  # as the target will process this position
                         last = apply_penalties(last, call.params, penalty_context(
-                            call.params, call.token_ids + drafts[j], runner.lm.eos_token_ids))
+                            call.params, call.token_ids, runner.lm.eos_token_ids, after=drafts[j]))
                     if probabilistic:
                         q = truncate_top_n(process_logits(last, call.params), self.top_n)  # [vocab]
                         drafts[j].append(int(sample(q, seq.generator)))
