@@ -191,12 +191,12 @@ def test_sampled_pairs_with_penalties_follow_the_target(word_llm, penalised_join
     assert pv >= ALPHA, f"(x, y) do not follow the penalised target: chi-square p={pv:.2e}"
 
 
-def _drafts_not_counted(params, token_ids, eos_token_ids, drafts=()):
+def _drafts_not_counted(params, token_ids, eos_token_ids, drafts=(), after=()):
     return penalty_context(params, token_ids, eos_token_ids)  # BROKEN: every row as if it were the first
 
 
-def _prompt_counted(params, token_ids, eos_token_ids, drafts=()):
-    return penalty_context(params.clone(num_prompt_tokens=0), token_ids, eos_token_ids, drafts)  # BROKEN
+def _prompt_counted(params, token_ids, eos_token_ids, drafts=(), after=()):
+    return penalty_context(params.clone(num_prompt_tokens=0), token_ids, eos_token_ids, drafts, after=after)  # BROKEN
 
 
 @pytest.mark.parametrize("broken", [_drafts_not_counted, _prompt_counted], ids=["e-drafts-not-counted",
