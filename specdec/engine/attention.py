@@ -46,10 +46,10 @@ class PagedPass:
     ``tables[i]`` is sequence i's block table (already long enough for its new tokens), ``starts[i]`` its
     cached length before the pass and ``counts[i]`` its new tokens, which are the flat batch's rows
     ``[sum(counts[:i]), sum(counts[:i + 1]))``. ``windows`` maps each layer kind to its sliding window (None:
-    full attention)."""
+    full attention); ``group`` is the query heads per kv head (the masks are laid out for it once per pass)."""
 
     def __init__(self, pool: KVPool, tables: list[list[int]], starts: list[int], counts: list[int],
-                 windows: dict[str, int | None], kernel: str | None = None):
+                 windows: dict[str, int | None], kernel: str | None = None, group: int = 1):
         self.pool = pool
         bs = pool.block_size
         device = pool.key_data.device
@@ -60,7 +60,7 @@ class PagedPass:
             end = start + n
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             runs = block_runs(table, end, bs)
-            per_kind = {kind: _visible(runs, start, n, window, device) for kind, window in windows.items()}
+            per_kind = {kind: _visible(runs, start, n, window, device, group) for kind, window in windows.items()}
             self.segments.append((q0, n, per_kind))
             q0 += n
         self.num_tokens = q0
@@ -101,19 +101,20 @@ class PagedPass:
             qs = q[0, :, q0: q0 + n].reshape(1, kv_heads, group * n, d)
             runs = per_kind[kind]
             if len(runs) == 1:
-                s0, s1, mask = runs[0]
+                s0, s1, mask, _, _ = runs[0]
                 o = F.scaled_dot_product_attention(qs, keys[None, :, s0:s1], values[None, :, s0:s1],
-                                                   attn_mask=_rows(mask, group), scale=scale)
+                                                   attn_mask=mask, scale=scale)
             else:
-                o = _merged(qs, keys, values, runs, group, scale)
+                o = _merged(qs, keys, values, runs, scale)
             out[q0: q0 + n] = o.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads, d)
         return out.view(1, tokens, heads * d)
 
 
-def _visible(runs: list[tuple[int, int, int]], start: int, n: int, window: int | None,
-             device: torch.device) -> list[tuple[int, int, torch.Tensor | None]]:
-    """The slices (first slot, end slot, mask [n, keys] or None) whose keys some of the queries at positions
-    [start, start + n) see: causal, and within ``window`` keys when one is set."""
+def _visible(runs: list[tuple[int, int, int]], start: int, n: int, window: int | None, device: torch.device,
+             group: int) -> list[tuple]:
+    """The slices whose keys some of the queries at positions [start, start + n) see (causal, and within
+    ``window`` keys when one is set), each as (first slot, end slot, boolean mask [group * n, keys] or None,
+    the same as an additive mask, which folded query rows see a key of the slice [group * n] or None)."""
     lo = max(0, start + 1 - window) if window else 0
     q = torch.arange(start, start + n, device=device)[:, None] if n > 1 or window else None
     out = []
@@ -121,36 +122,28 @@ def _visible(runs: list[tuple[int, int, int]], start: int, n: int, window: int |
         a, b = max(pos, lo), pos + m  # visible positions of this slice
         if a >= b:
             continue
-        mask = None
+        mask = additive = seen = None
         if b - 1 > start or (window and a <= start + n - 1 - window):  # some query cannot see some key
             kv = torch.arange(a, b, device=device)[None, :]
             allowed = kv <= q
             if window:
                 allowed &= kv > q - window
-            mask = allowed
-        out.append((slot + a - pos, slot + b - pos, mask))
+            mask = allowed.repeat(group, 1)  # the folded rows: head-major, as the fold lays them
+            additive = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
+            seen = mask.any(-1)
+        out.append((slot + a - pos, slot + b - pos, mask, additive, seen))
     return out
 
 
-def _rows(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
-    """A [n, keys] boolean mask for the folded queries [group * n] (head-major, as the fold lays them)."""
-    return None if mask is None else mask.repeat(group, 1)
-
-
-def _merged(qs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, runs: list, group: int,
-            scale: float) -> torch.Tensor:
+def _merged(qs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, runs: list, scale: float) -> torch.Tensor:
     """Attention over several slices: each slice's softmax-weighted values, merged by their log-sum-exp."""
     outs, lses = [], []
-    for s0, s1, mask in runs:
-        additive = None
-        if mask is not None:
-            additive = torch.zeros(mask.shape, dtype=qs.dtype, device=qs.device).masked_fill_(~mask, float("-inf"))
-            additive = _rows(additive, group)
+    for s0, s1, _, additive, seen in runs:
         o, lse = _flash_with_lse(qs, keys[None, :, s0:s1], values[None, :, s0:s1], 0.0, False,
-                                 attn_mask=additive, scale=scale)
+                                 attn_mask=None if additive is None else additive.to(qs.dtype), scale=scale)
         lse = lse.float()  # [1, kv_heads, rows]
-        if mask is not None:  # a row that sees no key of this slice comes back as 0 with lse 0: weigh it 0
-            lse = lse.masked_fill(~_rows(mask.any(-1, keepdim=True), group)[:, 0], float("-inf"))
+        if seen is not None:  # a row that sees no key of this slice comes back as 0 with lse 0: weigh it 0
+            lse = lse.masked_fill(~seen, float("-inf"))
         outs.append(o.float())
         lses.append(lse)
     lse = torch.stack(lses)  # [runs, 1, kv_heads, rows]

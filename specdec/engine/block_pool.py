@@ -3,9 +3,9 @@
 A model runner's KV memory is ``num_blocks`` blocks of ``block_size`` token slots (``specdec.engine.kv_cache``
 holds the tensors). A sequence holds a block table: the ids of the blocks that hold its positions in order.
 
-* **Allocation** prefers the block right after the sequence's last one, then the start of the longest free
-  run: a sequence's blocks mostly stay consecutive, so attention reads them as a few long slices
-  (``specdec.engine.attention``), not block by block.
+* **Allocation** prefers the block right after the sequence's last one; a new run goes in the middle of the
+  longest free run, leaving room to grow on both sides: a sequence's blocks mostly stay consecutive, so
+  attention reads them as a few long slices (``specdec.engine.attention``), not block by block.
 * **Prefix caching** (vLLM's automatic prefix caching): a full block whose tokens a caller confirmed is
   registered under the key ``(parent entry, its tokens)``, where the parent entry is the registration of the
   block before it in the same chain. Keys compare the tokens themselves, so two different prefixes can never
@@ -67,7 +67,7 @@ class BlockPool:
         while len(out) < n:
             nxt = prev + 1 if prev is not None else None
             if nxt is None or nxt >= self.num_blocks or not self._take(nxt):
-                nxt = self._run_start()
+                nxt = self._run_start(n - len(out))
                 self._take(nxt, evict=True)
             out.append(nxt)
             prev = nxt
@@ -83,8 +83,9 @@ class BlockPool:
         self.refs[block] = 1
         return True
 
-    def _run_start(self) -> int:
-        """A block to start a new run at: the start of the longest run of free blocks (else a cached one)."""
+    def _run_start(self, n: int) -> int:
+        """A block to start a new run of ``n`` at: inside the longest run of free blocks, as far from its start as
+        leaves equal room before and after (so the sequences on both sides can grow in place), else a cached one."""
         if not self._free:
             return next(iter(self._cached))
         best_start, best_len, start, length = -1, 0, -1, 0
@@ -95,7 +96,7 @@ class BlockPool:
                 start, length = b, 1
             if length > best_len:
                 best_start, best_len = start, length
-        return best_start
+        return best_start + max(0, best_len - n) // 2
 
     def _evict(self, block: int) -> None:
         del self._cached[block]

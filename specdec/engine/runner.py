@@ -379,7 +379,8 @@ class ModelRunner:
     def _forward_paged(self, seqs: list[_Sequence], news: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
         device = self.lm.device
         starts, counts = [s.length for s in seqs], [len(n) for n in news]
-        paged = PagedPass(self.kv, [s.blocks for s in seqs], starts, counts, self._windows)
+        paged = PagedPass(self.kv, [s.blocks for s in seqs], starts, counts, self._windows,
+                          group=self.net.heads // self.net.kv_heads)
         ids = torch.tensor([t for new in news for t in new], dtype=torch.long, device=device)  # [tokens]
         positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)], device=device)
         keep, offset = [], 0

@@ -58,7 +58,7 @@ CASES = [  # block tables (scattered, some consecutive), cached lengths, new tok
 def test_paged_pass_equals_attention_over_a_contiguous_copy(pool, tables, starts, counts, window):
     t = sum(counts)
     q, k, v = torch.randn(1, HEADS, t, DIM), torch.randn(1, KV_HEADS, t, DIM), torch.randn(1, KV_HEADS, t, DIM)
-    paged = PagedPass(pool, tables, starts, counts, {FULL: window})
+    paged = PagedPass(pool, tables, starts, counts, {FULL: window}, group=HEADS // KV_HEADS)
     out = paged.attend(0, FULL, q, k, v, 0.3)
     assert out.shape == (1, t, HEADS * DIM)
     # the new keys/values went to their slots
@@ -72,8 +72,8 @@ def test_the_triton_kernel_path_equals_the_cpu_path(pool, window):
     tables, starts, counts = CASES[3]
     t = sum(counts)
     q, k, v = torch.randn(1, HEADS, t, DIM), torch.randn(1, KV_HEADS, t, DIM), torch.randn(1, KV_HEADS, t, DIM)
-    cpu = PagedPass(pool, tables, starts, counts, {FULL: window}).attend(0, FULL, q, k, v, 0.3)
-    kernel = PagedPass(pool, tables, starts, counts, {FULL: window}, kernel="triton").attend(0, FULL, q, k, v, 0.3)
+    cpu = PagedPass(pool, tables, starts, counts, {FULL: window}, group=HEADS // KV_HEADS).attend(0, FULL, q, k, v, 0.3)
+    kernel = PagedPass(pool, tables, starts, counts, {FULL: window}, kernel="triton", group=HEADS // KV_HEADS).attend(0, FULL, q, k, v, 0.3)
     torch.testing.assert_close(kernel, cpu, rtol=1e-4, atol=1e-4)
 
 

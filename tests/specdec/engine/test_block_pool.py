@@ -22,13 +22,19 @@ def test_allocation_keeps_a_sequence_consecutive_and_frees_back():
     assert pool.num_free == 16 and pool.num_used == 0
 
 
-def test_a_new_run_starts_where_the_longest_free_run_is():
+def test_a_new_run_starts_in_the_middle_of_the_longest_free_run():
     pool = BlockPool(10, 1)
     held = pool.allocate(10)
     pool.free([held[1], held[5], held[6], held[7]])  # free runs: [1], [5, 6, 7]
-    assert pool.allocate(1) == [5]
-    assert pool.allocate(1, after=5) == [6]  # the neighbour
+    assert pool.allocate(1) == [6]  # room on both sides
+    assert pool.allocate(1, after=6) == [7]  # the neighbour
     pool.check()
+    empty = BlockPool(100, 1)
+    first = empty.allocate(10)
+    second = empty.allocate(10)
+    assert first == list(range(45, 55))  # the middle: room to grow after it
+    assert second[0] not in (55,) and len(set(first) & set(second)) == 0
+    assert empty.allocate(1, after=first[-1]) == [55]  # the first sequence still grows in place
 
 
 def test_over_allocation_raises_and_changes_nothing():
