@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "batch / solo passes"])
     print(f"\nbatch at context {contexts[-1]} / batch at {contexts[0]}: {summary['longest / shortest batch']:.2f}x "
           f"(goal <= 2.5x); {summary['runtime']}, {args.dtype}, {args.num_threads} thread(s)")
-    payload = {"benchmark": "kv_pool", "cpu": cpu_info(), "model": args.model, "dtype": args.dtype,
+    payload = {"benchmark": "kv_pool", "smoke": args.smoke, "cpu": cpu_info(), "model": args.model, "dtype": args.dtype,
                "num_threads": args.num_threads, "new_tokens": args.new, "rows": rows, "summary": summary}
     write_json(json_path(args, "kv_pool"), payload)
     return payload

@@ -205,6 +205,20 @@ def test_smoke(exp: Expected, extra, tmp_path):
         extra(data)
 
 
+def test_smoke_kv_pool(tmp_path):
+    out = tmp_path / "kv_pool.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_kv_pool.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["smoke"] is True and data["summary"]["runtime"] == "lean forward"
+    assert [r["context"] for r in data["rows"]] == [16, 96]
+    for r in data["rows"]:
+        assert all(math.isfinite(r[c]) and r[c] > 0 for c in ("batch of 3 ms", "one sequence ms", "batch / solo passes"))
+    check_table(proc.stdout, ["context", "batch of 3 ms", "one sequence ms", "3 solo passes ms", "batch / one",
+                              "batch / solo passes"], "context", [{**r, "context": str(r["context"])} for r in data["rows"]])
+
+
 @pytest.mark.slow
 def test_smoke_default_pair(tmp_path):
     from specdec.config import default_draft_path
