@@ -51,7 +51,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (add_common_args, cpu_info, json_path, print_table, ratio, smoke_environment,  # noqa: E402
                     smoke_models, write_json)
-from soak import HOST, ROOT, Result, ServiceProc, free_port, http_json, http_stream, scrape  # noqa: E402
+from served import HOST, ROOT, Result, ServiceProc, free_port, http_json, http_stream, scrape  # noqa: E402
 
 from specdec.config import DEFAULT_TARGET, default_speculative_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402

@@ -32,7 +32,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, json_path, print_table, smoke_environment,  # noqa: E402
                     smoke_models, write_json)
-from soak import (HOST, ProcessStack, RequestError, Result, cpu_info, get, grpc_stream, http_stream,  # noqa: E402
+from served import (HOST, ProcessStack, RequestError, Result, cpu_info, get, grpc_stream, http_stream,  # noqa: E402
                   percentile)
 
 from specdec.config import DEFAULT_TARGET, default_draft_path, default_speculative_config  # noqa: E402

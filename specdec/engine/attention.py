@@ -15,8 +15,6 @@ block tables (``kernels.paged_attention``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -151,7 +149,3 @@ def _merged(qs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, runs: li
     weights = torch.exp(lse - top)
     total = sum(o * w[..., None] for o, w in zip(outs, weights))
     return (total / weights.sum(dim=0)[..., None]).to(qs.dtype)
-
-
-def is_paged(cache: Any) -> bool:
-    return isinstance(cache, PagedPass)

@@ -159,12 +159,6 @@ class BlockPool:
         self.hits += self.block_size * len(found)
         return found
 
-    def touch(self, blocks: list[int]) -> None:
-        """Mark cached blocks as just used (they go last)."""
-        for b in blocks:
-            if b in self._cached:
-                self._cached.move_to_end(b)
-
     def check(self) -> None:
         """Assert the invariants (tests): every block is in exactly one state; counts are never negative."""
         for b in range(self.num_blocks):

@@ -340,30 +340,20 @@ class ModelRunner:
         prefill): such a row's result is UNFINISHED, and calling again with its history feeds the rest."""
         for seq, new in zip(seqs, new_token_ids):
             self.check_append(seq, new)
-        unfinished = set()
+        unfinished: set[int] = set()
         feeds = [len(n) for n in new_token_ids]
         if chunkable is not None and sum(feeds) > self.max_num_batched_tokens:
             whole = sum(f for f, c in zip(feeds, chunkable) if not c)
             take = chunk_budget([f if c else 0 for f, c in zip(feeds, chunkable)],
                                 self.max_num_batched_tokens - whole, self.block_size)
-            for i, c in enumerate(chunkable):
-                if c and take[i] < feeds[i]:
-                    unfinished.add(i)
-                    new_token_ids = [*new_token_ids[:i], new_token_ids[i][:take[i]], *new_token_ids[i + 1:]]
-                    num_logits = [*num_logits[:i], 0, *num_logits[i + 1:]]
-            keep = [i for i in range(len(seqs)) if i not in unfinished or take[i] > 0]
-            if len(keep) < len(seqs):
-                out = self.forward_batch([seqs[i] for i in keep], [new_token_ids[i] for i in keep],
-                                         [num_logits[i] for i in keep])
-                results: list = [UNFINISHED] * len(seqs)
-                for i, o in zip(keep, out):
-                    results[i] = UNFINISHED if i in unfinished and isinstance(o, torch.Tensor) else o
-                return results
+            unfinished = {i for i, c in enumerate(chunkable) if c and take[i] < feeds[i]}
+            new_token_ids = [n[:take[i]] if i in unfinished else n for i, n in enumerate(new_token_ids)]
+            num_logits = [0 if i in unfinished else m for i, m in enumerate(num_logits)]
         ok = self._reserve(seqs, [len(n) for n in new_token_ids])
-        results: list = [None if ok[i] else SequencePreemptedError(
+        results: list = [(UNFINISHED if i in unfinished else None) if ok[i] else SequencePreemptedError(
             f"{self.role}: the KV cache is full; sequence {s.sequence_id!r} was preempted: resend its history")
             for i, s in enumerate(seqs)]
-        rows = [i for i in range(len(seqs)) if ok[i]]
+        rows = [i for i in range(len(seqs)) if ok[i] and new_token_ids[i]]  # a waiting prompt feeds nothing now
         if not rows:
             return results
         if self.paged:

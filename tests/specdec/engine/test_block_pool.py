@@ -75,8 +75,8 @@ def test_cached_blocks_are_evicted_least_recently_used_first_and_only_when_neede
     pool = BlockPool(4, 1)
     blocks = pool.allocate(4)
     entries = [pool.register(ROOT, (t,), b) for t, b in zip(range(4), blocks)]
-    pool.free(blocks)  # all cached, nobody holds them
-    pool.touch([blocks[0]])  # block 0 used recently: the others go first
+    pool.free(blocks[1:])  # cached, nobody holds them, in the order they were let go
+    pool.free(blocks[:1])  # block 0 let go last: the others go first
     got = pool.allocate(3)
     assert blocks[0] not in got
     assert pool.lookup(ROOT, [(0,)]) == [(blocks[0], entries[0])]
@@ -125,8 +125,6 @@ def test_random_operations_keep_the_invariants():
             found = pool.lookup(ROOT, [(rng.randrange(3), rng.randrange(3)) for _ in range(rng.randint(1, 3))])
             if found:
                 holders.append([b for b, _ in found])
-        elif holders:
-            pool.touch(rng.choice(holders))
         pool.check()
         assert sum(pool.refs) == sum(len(h) for h in holders)
     for h in holders:
