@@ -32,8 +32,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, json_path, print_table, smoke_environment,  # noqa: E402
                     smoke_models, write_json)
-from served import (HOST, ProcessStack, RequestError, Result, cpu_info, get, grpc_stream, http_stream,  # noqa: E402
-                  percentile)
+from served import HOST, ProcessStack, RequestError, Result, cpu_info, get, grpc_stream, http_stream  # noqa: E402
+from soak import percentile  # noqa: E402
 
 from specdec.config import DEFAULT_TARGET, default_draft_path, default_speculative_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
