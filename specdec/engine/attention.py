@@ -54,17 +54,19 @@ class PagedPass:
         slots: list[int] = []
         self.segments: list[tuple[int, int, dict[str, list[tuple[int, int, torch.Tensor | None]]]]] = []
         q0 = 0
+        # a kernel over the block tables: Triton on CUDA (or forced, "triton": Triton's interpreter on CPU, for
+        # tests); "cpu": the batch-invariant C kernel (kernels.cpu_attention); None: SDPA per slice (below)
+        self.kernel = kernel or ("auto" if device.type == "cuda" else None)
         for table, start, n in zip(tables, starts, counts):
             end = start + n
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            runs = block_runs(table, end, bs)
-            per_kind = {kind: _visible(runs, start, n, window, device, group) for kind, window in windows.items()}
-            self.segments.append((q0, n, per_kind))
+            if not self.kernel:
+                runs = block_runs(table, end, bs)
+                per_kind = {kind: _visible(runs, start, n, window, device, group) for kind, window in windows.items()}
+                self.segments.append((q0, n, per_kind))
             q0 += n
         self.num_tokens = q0
         self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # [tokens]
-        # the Triton kernel: on CUDA, or forced ("triton": Triton's interpreter on CPU, for tests)
-        self.kernel = kernel or ("auto" if device.type == "cuda" else None)
         if self.kernel:
             width = max(len(t) for t in tables)
             self.block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
@@ -84,6 +86,12 @@ class PagedPass:
         keys.index_copy_(1, self.slots, k[0])
         values.index_copy_(1, self.slots, v[0])
         heads, tokens, d = q.shape[1], q.shape[2], q.shape[3]
+        if self.kernel == "cpu":
+            from kernels.cpu_attention import paged_attention_cpu
+
+            out = paged_attention_cpu(q[0].transpose(0, 1), keys, values, self.block_tables, self.context_lens,
+                                      self.query_start_loc, self.pool.block_size, scale, window=self.windows[kind])
+            return out.reshape(1, tokens, heads * d)
         if self.kernel:
             from kernels.paged_attention import paged_attention
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.engine.attention import PagedPass
-from specdec.engine.lean_linear import LeanLinear
+from specdec.engine.lean_linear import INVARIANT_TILE_ROWS, LeanLinear
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 # model_type -> the transformers class-name prefix its modules use
@@ -102,13 +102,18 @@ class LeanDecoder:
                 return "sliding-window attention"
         return None
 
-    def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True):
+    def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True,
+                 batch_invariant: bool = False):
         reason = type(self).unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"{type(self).__name__} cannot run this model: {reason}")
         cfg = model.config
         self.dtype = model.dtype
         self.use_onednn = use_onednn
+        # every position's logits the same bits whatever else the pass holds (fixed-shape products, per-row
+        # norms, the rotary table, attention by kernels.cpu_attention / the Triton kernel): see the README
+        self.batch_invariant = batch_invariant
+        self._rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
@@ -135,7 +140,8 @@ class LeanDecoder:
 
     # -- per-architecture hooks (Llama family here) --------------------------------------------------
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LeanLinear:
-        return LeanLinear(weight, bias, use_onednn=self.use_onednn)
+        return LeanLinear(weight, bias, use_onednn=self.use_onednn,
+                          tile_rows=INVARIANT_TILE_ROWS if self.batch_invariant else None)
 
     def _build_layer(self, layer: Any) -> _Layer:
         a, mlp = layer.self_attn, layer.mlp
@@ -153,15 +159,43 @@ class LeanDecoder:
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # as transformers' LlamaRMSNorm: normalise in fp32, scale in the model's dtype
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return weight * self._normalised(x).to(x.dtype)
+
+    def _normalised(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.rms_norm(x.float(), weight)`` (fp32), each row reduced alone (on CUDA with batch invariance:
+        the Triton kernel, one program per row, the row in fixed blocks)."""
+        if self.batch_invariant and x.device.type == "cuda":
+            from kernels.batch_invariant import rms_norm
+
+            out = rms_norm(x.reshape(-1, x.shape[-1]), self.eps).view(x.shape)
+            return out if weight is None else out * weight
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, eps=self.eps)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed)
 
     def _rope(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per layer kind: (cos, sin) [b, 1, n, head_dim]."""
-        cos, sin = self.rotary(x, position_ids)
-        return {FULL: (cos.unsqueeze(1), sin.unsqueeze(1))}
+        return {FULL: self._rope_of(x, position_ids, FULL)}
+
+    def _rotary(self, x: torch.Tensor, position_ids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary(x, position_ids)
+
+    _ROPE_BLOCK = 1024  # the rotary table grows by this many positions, each block computed in one call
+
+    def _rope_of(self, x: torch.Tensor, position_ids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [b, 1, n, head_dim] of ``position_ids`` [b, n], read from a table of every position so
+        far: a position's values never depend on which positions share the pass."""
+        cos, sin = self._rope_tables.get(kind, (None, None))
+        need = int(position_ids.max()) + 1
+        have = 0 if cos is None else cos.shape[0]
+        if need > have:
+            blocks = [self._rotary(x, torch.arange(p, p + self._ROPE_BLOCK, device=x.device)[None], kind)
+                      for p in range(have, need, self._ROPE_BLOCK)]
+            cos = torch.cat([c for c in ([] if cos is None else [cos])] + [c[0] for c, _ in blocks])
+            sin = torch.cat([s for s in ([] if sin is None else [sin])] + [s[0] for _, s in blocks])
+            self._rope_tables[kind] = (cos, sin)
+        return cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
 
     def _block(self, i: int, layer: _Layer, x: torch.Tensor, rope: dict, masks: dict, cache: Any) -> torch.Tensor:
         b, n, _ = x.shape
@@ -272,7 +306,8 @@ def unsupported_reason(model: Any) -> str | None:
     return decoder_class(model).unsupported_reason(model)
 
 
-def lean_decoder(model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True) -> LeanDecoder | None:
+def lean_decoder(model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True,
+                 batch_invariant: bool = False) -> LeanDecoder | None:
     """A lean decoder for ``model`` (see :func:`decoder_class`), or None where it is unsupported."""
     cls = decoder_class(model)
-    return cls(model, vocab_subset, use_onednn) if cls.unsupported_reason(model) is None else None
+    return cls(model, vocab_subset, use_onednn, batch_invariant) if cls.unsupported_reason(model) is None else None

@@ -69,9 +69,10 @@ class LeanGemma3Decoder(LeanDecoder):
                 return f"layer modules {'/'.join(names)} are not the standard ones"
         return None
 
-    def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True):
+    def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True,
+                 batch_invariant: bool = False):
         self.kinds = list(model.config.layer_types)
-        super().__init__(model, vocab_subset, use_onednn)
+        super().__init__(model, vocab_subset, use_onednn, batch_invariant)
         cfg = model.config
         self.window = cfg.sliding_window
         self.softcap = cfg.final_logit_softcapping
@@ -98,17 +99,16 @@ class LeanGemma3Decoder(LeanDecoder):
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # as Gemma3RMSNorm: normalise and scale by (1 + w) in fp32, then round to the model's dtype
-        return F.rms_norm(x.float(), (x.shape[-1],), weight, eps=self.eps).to(x.dtype)
+        return self._normalised(x, weight).to(x.dtype)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed) * self.embed_scale
 
     def _rope(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        tables = {}
-        for kind in set(self.kinds):
-            cos, sin = self.rotary(x, position_ids, kind)
-            tables[kind] = (cos.unsqueeze(1), sin.unsqueeze(1))
-        return tables
+        return {kind: self._rope_of(x, position_ids, kind) for kind in set(self.kinds)}
+
+    def _rotary(self, x: torch.Tensor, position_ids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary(x, position_ids, kind)
 
     def _block(self, i: int, layer: _Gemma3Layer, x: torch.Tensor, rope: dict, masks: dict,
                cache: Any) -> torch.Tensor:

@@ -24,6 +24,17 @@ reordered once into its blocked layout (``torch.ops.mkldnn``, what torch's own c
 linears). The reordered copy costs the weight's size again in memory. Where oneDNN is missing or refuses the
 weight, and on other devices, the products stay ``F.linear`` / ``skinny_linear``; results differ from
 ``F.linear`` only by summation order.
+
+**Batch-invariant products** (``tile_rows``, ``--batch-invariant``): the formulation above is chosen by row
+count, and every library product picks its kernel, blocking and thread split by its shape (measured here:
+oneDNN's fp32 product over 1,536 inputs, and its bf16 products past 32 rows, change a row's last bits with the
+row count; MKL's ``F.linear`` does from 2 rows). So a row's result would depend on what else is in the pass.
+With ``tile_rows = T`` every product is made of calls of exactly T rows (the last tile padded with zeros),
+one formulation for all (oneDNN where available, else ``F.linear``; on CUDA the fixed-tile Triton kernel
+``kernels.batch_invariant.matmul``): the library sees one shape per weight, so one kernel and one reduction
+order per output element, and rows never mix in a product. A row's output is then the same bits at any place
+in any pass (``tests/specdec/engine/test_batch_invariance.py`` checks it bitwise). The cost: a pass of more
+than T rows reads the weights once per tile.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from specdec.engine.models import skinny_linear
 logger = logging.getLogger(__name__)
 
 _PACK_DTYPES = (torch.float32, torch.bfloat16)
+INVARIANT_TILE_ROWS = 16  # batch-invariant products: rows per call (one AMX tile; a pass of 1-16 rows costs one call)
 
 
 def _onednn_ok(dtype: torch.dtype) -> bool:
@@ -72,15 +84,38 @@ class LeanLinear:
 
     skinny_max_rows = 2  # fp32: up to this many rows, w @ x.T beats oneDNN (1 and 2 threads, measured)
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, use_onednn: bool = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, use_onednn: bool = True,
+                 tile_rows: int | None = None):
         self.bias = bias
         self.packed = pack(weight) if use_onednn else None
-        self.weight: torch.Tensor | None = weight if self.packed is None or weight.dtype == torch.float32 else None
+        self.tile_rows = tile_rows  # batch-invariant: products of exactly this many rows (see the module)
+        keep = self.packed is None or (weight.dtype == torch.float32 and not tile_rows) or weight.device.type != "cpu"
+        self.weight: torch.Tensor | None = weight if keep else None
         self.out_features = int(weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tile_rows:
+            return self._tiled(x)
         if self.packed is not None and (x.dtype != torch.float32 or x.numel() > self.skinny_max_rows * x.shape[-1]):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if x.device.type == "cpu" and x.dtype == torch.float32:
             return skinny_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """The product as calls of exactly ``tile_rows`` rows: one shape, so one kernel for every row."""
+        t = self.tile_rows
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        if x.device.type == "cuda":  # one fixed tile configuration for any row count, by construction
+            from kernels.batch_invariant import matmul
+
+            return matmul(rows, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
+        if n % t:
+            rows = torch.cat([rows, rows.new_zeros((t - n % t, rows.shape[1]))])
+        if self.packed is not None:
+            out = torch.cat([torch.ops.mkldnn._linear_pointwise(tile, self.packed, self.bias, "none", [], "")
+                             for tile in rows.split(t)])
+        else:
+            out = torch.cat([F.linear(tile, self.weight, self.bias) for tile in rows.split(t)])
+        return out[:n].view(*x.shape[:-1], self.out_features)

@@ -115,6 +115,7 @@ class ModelRunner:
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        batch_invariant: bool = False,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
@@ -140,10 +141,17 @@ class ModelRunner:
         # just those logits; the transformers forward is masked to the same ids).
         self.vocab_subset = lm.draft_vocab if role == "draft" else None
         self.net: Any = lm.model
+        # Batch-invariant passes (see the README's "Exact by construction"): the lean forward with fixed-shape
+        # products and, on CPU, the C attention kernel; where either is missing the passes are not invariant.
+        why_not = batch_invariance_unavailable(lm, lean_forward) if batch_invariant else None
+        if why_not:
+            logger.warning("%s %s: batch-invariant passes are unavailable (%s); a position's logits may differ "
+                           "in the last bits with the shape of the pass", role, lm.name, why_not)
+        self.batch_invariant = batch_invariant and not why_not
         if lean_forward:
             reason = unsupported_reason(lm.model)
             if reason is None:
-                self.net = lean_decoder(lm.model, self.vocab_subset)
+                self.net = lean_decoder(lm.model, self.vocab_subset, batch_invariant=self.batch_invariant)
             else:
                 logger.info("%s %s: keeping transformers' forward, the lean forward does not support this model: %s",
                             role, lm.name, reason)
@@ -370,6 +378,7 @@ class ModelRunner:
         device = self.lm.device
         starts, counts = [s.length for s in seqs], [len(n) for n in news]
         paged = PagedPass(self.kv, [s.blocks for s in seqs], starts, counts, self._windows,
+                          kernel="cpu" if self.batch_invariant and device.type == "cpu" else None,
                           group=self.net.heads // self.net.kv_heads)
         ids = torch.tensor([t for new in news for t in new], dtype=torch.long, device=device)  # [tokens]
         positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)], device=device)
@@ -423,6 +432,23 @@ class ModelRunner:
             return logits[..., :target_v]
         pad = logits.new_full((*logits.shape[:-1], target_v - v), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
+
+
+def batch_invariance_unavailable(lm: LoadedModel, lean_forward: bool | None) -> str | None:
+    """Why this model's passes cannot be batch-invariant here (None: they can)."""
+    if lean_forward is False:
+        return "the lean forward is off"
+    reason = unsupported_reason(lm.model)
+    if reason:
+        return f"the lean forward does not support this model: {reason}"
+    if lm.device.type == "cpu":
+        from kernels.cpu_attention import available
+
+        ok, why = available()
+        return None if ok else why
+    if lm.device.type != "cuda":
+        return f"no batch-invariant kernels for {lm.device.type}"
+    return None
 
 
 def set_num_threads(n: int) -> None:

@@ -1,0 +1,153 @@
+"""Batch-invariant paged attention on the CPU: a small C kernel (``kernels/csrc/paged_attention_cpu.c``).
+
+Same layout and arguments as ``kernels.paged_attention`` (the pool read in place through block tables), but
+each query's output is computed by the same instructions in the same order whatever else the pass holds:
+its visible keys are cut into chunks of ``CHUNK`` keys at fixed absolute positions, each chunk's partial
+softmax is reduced key by key in position order, and the chunks are merged in order (the C file says how).
+So a position's attention output is bitwise the same in a one-token decode, a verify window, a prefill chunk
+or a batch of 8, and does not depend on the thread count. The chunks also spread one long sequence over
+every core (torch's CPU flash attention splits the work by head only).
+
+The kernel is compiled on first use with the machine's C compiler (``$CC``, else ``cc``/``gcc``) for this
+CPU (``-O3 -march=native``) into ``$SPECDEC_CACHE/kernels`` (keyed by the source, the compiler and the CPU's
+flags), then loaded with ctypes: no Python headers, no torch headers, about a second. ``available()`` says
+whether that worked and why not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_attention_cpu.c"
+CHUNK = 512  # keys per chunk: a query's keys are reduced in chunks at multiples of this position
+_I32, _I64, _F32, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class KernelUnavailable(RuntimeError):
+    """The C kernel could not be built or loaded here (no compiler, an unsupported CPU or OS)."""
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+def _cache_dir() -> Path:
+    from specdec.engine.models import cache_root
+
+    return cache_root() / "kernels"
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    cc = _compiler()
+    if cc is None:
+        raise KernelUnavailable("no C compiler found (set $CC, or install gcc) to build the CPU attention kernel")
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread"]
+    key = hashlib.sha256(b"\0".join([source, " ".join([cc, *version, *flags]).encode(), _cpu_flags().encode()]))
+    target = _cache_dir() / f"paged_attention_cpu-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        for directory in (target.parent, Path(tempfile.gettempdir()) / "specdec-kernels"):
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+                os.close(fd)
+                break
+            except OSError:
+                continue
+        else:
+            raise KernelUnavailable(f"no writable directory for the compiled kernel ({target.parent})")
+        run = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
+        if run.returncode != 0:
+            os.unlink(tmp)
+            raise KernelUnavailable(f"{cc} could not build {SOURCE.name}: {run.stderr.strip()[-500:]}")
+        target = Path(tmp).with_name(target.name)
+        os.replace(tmp, target)  # atomic: a concurrent build by another process is the same file
+        logger.info("built the CPU attention kernel: %s", target)
+    lib = ctypes.CDLL(str(target))
+    fn = lib.paged_attention
+    fn.restype = _I32
+    fn.argtypes = [_P, _P, _P, _I32, _I64, _P, _I32, _P, _P, _P, _P, _I32, _I32, _I32, _I32, _I32, _I32, _I32,
+                   _I32, _F32, _P, _I32, _P, _I32]
+    return lib
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") when the kernel is built and loaded here, else (False, why not)."""
+    try:
+        _library()
+    except (KernelUnavailable, OSError) as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,                # [tokens, heads, dim]
+    k_pool: torch.Tensor,           # [kv_heads, num_blocks * block_size, dim] float32 or bfloat16
+    v_pool: torch.Tensor,           # the same
+    block_tables: torch.Tensor,     # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,     # [num_seqs] int32, keys per sequence, new tokens included
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    block_size: int,
+    scale: float,
+    window: int | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:                  # [tokens, heads, dim], q's dtype
+    """``kernels.paged_attention.paged_attention_reference`` by the C kernel (see the module), on CPU tensors."""
+    tokens, heads, dim = q.shape
+    kv_heads = k_pool.shape[0]
+    if k_pool.dtype not in (torch.float32, torch.bfloat16) or v_pool.dtype != k_pool.dtype:
+        raise ValueError(f"the CPU kernel reads float32 or bfloat16 pools, got {k_pool.dtype}/{v_pool.dtype}")
+    if k_pool.shape != v_pool.shape or k_pool.stride() != v_pool.stride() or k_pool.stride()[1:] != (dim, 1):
+        raise ValueError("k_pool and v_pool must be [kv_heads, slots, dim] with contiguous slots, alike")
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32)
+    if tokens == 0:
+        return out.to(q.dtype)
+    qf = q.to(torch.float32).contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    starts = query_start_loc.to(torch.int64)
+    counts = starts[1:] - starts[:-1]
+    seq_of = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    pos = (context_lens.to(torch.int64) - counts)[seq_of] + torch.arange(tokens) - starts[:-1][seq_of]
+    lo = (pos + 1 - window).clamp_min(0) if window else torch.zeros_like(pos)
+    max_chunks = int((pos // CHUNK - lo // CHUNK).max()) + 1
+    partials = torch.empty((tokens, heads, max_chunks, dim + 2), dtype=torch.float32)
+    seq_of32, pos32 = seq_of.to(torch.int32), pos.to(torch.int32)
+    tok0, ntok = starts[:-1].to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
+    rc = _library().paged_attention(
+        qf.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), int(k_pool.dtype == torch.bfloat16), k_pool.stride(0),
+        tables.data_ptr(), tables.shape[1], seq_of32.data_ptr(), pos32.data_ptr(), tok0.data_ptr(), ntok.data_ptr(),
+        tokens, len(counts), heads, kv_heads, dim, block_size, int(window or 0), CHUNK, float(scale),
+        partials.data_ptr(), max_chunks, out.data_ptr(), threads or torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("the CPU attention kernel ran out of memory")
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
