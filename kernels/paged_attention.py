@@ -18,7 +18,11 @@ float32 in both paths.
 
 The Triton kernel runs one program per (new token, head): an online softmax (flash-attention style) over the
 sequence's key blocks, taken in order through its block table, from the first block the window reaches to the
-block holding the query's own position. Triton is imported and the kernel jit-decorated on first use, not at
+block holding the query's own position. That makes it batch-invariant: a query's output depends on its q, its
+sequence's keys and values and its position only, never on the rest of the pass (alone as a decode, in a window
+of its sequence, beside other sequences: bitwise equal, tests/kernels/test_batch_invariant.py). Its reductions
+take the K/V tiles' layout, so q's alignment does not change them either (an sm_90 compile with and without q
+16-byte aligned gives the same layouts). Triton is imported and the kernel jit-decorated on first use, not at
 import, so the engine can import this module (for the reference and ``paged_attention``) before
 ``kernels.dispatch`` has chosen Triton's interpreter for a CPU.
 """
