@@ -12,7 +12,7 @@ from specdec.adaptive import AdaptiveK, calibrate
 from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible, legacy_speculative_config
 from specdec.decoding import Lookahead, decode
 from specdec.engine.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING
-from specdec.engine.runner import ModelRunner
+from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, ModelRunner
 from specdec.engine.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
 from specdec.engine.models import LoadedModel, load_model, model_max_len
@@ -104,14 +104,18 @@ class LLM:
         kv_cache_memory: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
+        batch_invariant: bool = DEFAULT_BATCH_INVARIANT,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
         "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
         ``lean_forward``: run both models through specdec's lean forward where their architecture allows
         (default: yes, ``specdec.engine.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward.
         ``kv_cache_memory`` (bytes of each model's KV block pool; default: 2 GiB on CPU, 90% of free memory on
-        CUDA), ``block_size`` and ``enable_prefix_caching``: vLLM's settings of the same names."""
-        kv = {"kv_cache_memory": kv_cache_memory, "block_size": block_size, "enable_prefix_caching": enable_prefix_caching}
+        CUDA), ``block_size`` and ``enable_prefix_caching``: vLLM's settings of the same names.
+        ``batch_invariant``: forward passes whose logits do not depend on the shape of the pass (the README's
+        "Exact by construction"; default: on, ``specdec.engine.runner.DEFAULT_BATCH_INVARIANT``)."""
+        kv = {"kv_cache_memory": kv_cache_memory, "block_size": block_size, "enable_prefix_caching": enable_prefix_caching,
+              "batch_invariant": batch_invariant}
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)

@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 # Run passes through specdec.engine.lean_decoder where the architecture allows (drafts and targets; see
 # ModelRunner). The one default of the services' --lean-forward / --no-lean-forward and LLM(lean_forward=).
 DEFAULT_LEAN_FORWARD = True
+# Batch-invariant passes (--batch-invariant): a position's logits the same bits in any pass (README: "Exact by
+# construction"); benchmarks/bench_batch_invariant.py measures what they cost.
+DEFAULT_BATCH_INVARIANT = True
 
 
 # Chunked prefill: a pass feeds at most this many new tokens when a long prompt is among them, so the other
@@ -115,7 +118,7 @@ class ModelRunner:
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        batch_invariant: bool = False,
+        batch_invariant: bool = DEFAULT_BATCH_INVARIANT,
     ):
         self.lm = lm
         self.max_model_len = max_model_len

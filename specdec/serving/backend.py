@@ -19,7 +19,7 @@ from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult,
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING,
                                      DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_CACHE_MEMORY)
-from specdec.engine.runner import DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
+from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
 from specdec.serving.metrics import ServiceMetrics, set_build_info
@@ -51,6 +51,10 @@ class BackendConfig:
         "help": "run forward passes through specdec's lean forward where the model's architecture allows it (Llama "
                 "family, Gemma-3; else transformers' forward, the reason logged); --no-lean-forward: transformers' "
                 "forward always"})
+    batch_invariant: bool = field(default=DEFAULT_BATCH_INVARIANT, metadata={
+        "help": "batch-invariant forward passes: a position's logits are the same bits whatever else the pass holds "
+                "(fixed-shape products, attention over fixed key chunks), so greedy verification picks exactly the "
+                "target-alone token (--no-batch-invariant: the fastest kernel per shape)"})
     # The KV block pool of the model (vLLM's paged KV cache: --kv-cache-memory-bytes, --block-size,
     # --enable-prefix-caching, --gpu-memory-utilization).
     kv_cache_memory: int | None = field(default=None, metadata={
@@ -130,7 +134,8 @@ class Backend:
         self.runner = ModelRunner(self.lm, self.max_model_len, role=self.role, max_sequences=cfg.max_sequences,
                                   lean_forward=cfg.lean_forward, kv_cache_memory=cfg.kv_cache_memory,
                                   block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
-                                  gpu_memory_utilization=cfg.gpu_memory_utilization)
+                                  gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                  batch_invariant=cfg.batch_invariant)
         if self.role == "draft":
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)

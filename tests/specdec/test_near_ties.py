@@ -1,0 +1,74 @@
+"""Greedy speculative decoding is token-identical to the target alone by construction, not by rounding luck.
+
+The target here is built to have near-ties everywhere: its LM head's rows come in pairs a few ulps apart, so at
+every position the top token has a twin whose logit differs by about the rounding error of a pass. With the
+default passes (each product's kernel picked by its row count) a verify window of k + 1 tokens and a
+one-token decode round the two logits differently, and speculative decoding picks the other twin of the pair
+some of the time; with batch-invariant passes (``batch_invariant=True``, the default) every run matches the
+target alone: solo and batched, k = 1 and 3."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+
+pytestmark = pytest.mark.usefixtures("cached_model_loading")
+
+PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    return", "Once upon a time", "1, 2, 3, 5, 8,",
+           "The capital of France is", "import numpy as np\n"]
+MAX_TOKENS = 48
+TWIN_GAP = 2e-7  # the odd rows of the LM head: the even row + this much noise, relative to the head's scale
+
+
+@pytest.fixture(scope="module")
+def near_tie_dir(target_model, tokenizer, tmp_path_factory):
+    from tests.conftest import _save
+
+    model = copy.deepcopy(target_model)
+    with torch.no_grad():
+        w = model.lm_head.weight  # [vocab, hidden]
+        noise = torch.randn(w[1::2].shape, generator=torch.Generator().manual_seed(5))
+        w[1::2] = w[0::2] + TWIN_GAP * w.std() * noise
+    return _save(model, tokenizer, tmp_path_factory.mktemp("near-tie"))
+
+
+def _runs(target: str, spec, invariant: bool) -> list[bool]:
+    """For k = 1 and 3, solo and batched: whether each run's greedy tokens equal the target alone's."""
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    def tokens(llm, batched):
+        if batched:
+            return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+        return [llm.generate([p], params)[0].outputs[0].token_ids for p in PROMPTS]
+
+    alone = tokens(LLM(target, dtype="float32", batch_invariant=invariant), batched=False)
+    same = []
+    for k in (1, 3):
+        llm = LLM(target, speculative_config=spec(target, k), dtype="float32", batch_invariant=invariant)
+        for batched in (False, True):
+            same += [a == b for a, b in zip(tokens(llm, batched), alone)]
+    return same
+
+
+def test_the_target_has_near_ties(near_tie_dir):
+    llm = LLM(str(near_tie_dir), dtype="float32")
+    runner = llm._target_worker.runner
+    seq = runner.get_or_create("probe", None)
+    logits = runner.forward(seq, llm.get_tokenizer().encode(PROMPTS[0]))[-1]
+    top2 = logits.topk(2).values
+    assert 0 < float(top2[0] - top2[1]) < 1e-4 * float(logits.abs().max())
+
+
+def test_speculative_greedy_equals_the_target_alone_with_batch_invariant_passes(near_tie_dir, spec):
+    same = _runs(str(near_tie_dir), spec, invariant=True)
+    assert all(same), f"{same.count(False)} of {len(same)} runs differ from the target alone"
+
+
+def test_without_them_near_ties_flip_so_the_test_can_fail(near_tie_dir, spec):
+    """The negative control: the default passes of earlier releases lose some runs on this target."""
+    same = _runs(str(near_tie_dir), spec, invariant=False)
+    assert not all(same)
