@@ -426,3 +426,21 @@ def test_smoke_kv_serving(tmp_path):
     assert long["prefix_caching_off"] == data["serve_flags"]["--no-enable-prefix-caching"]
     for name, ok in data["checks"].items():
         assert f"{'PASS' if ok else 'FAIL'}: {name}" in stdout
+
+
+def test_smoke_batch_invariant(tmp_path):
+    out = tmp_path / "batch_invariant.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_batch_invariant.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["smoke"] is True
+    assert [(r["mode"], r["streams"]) for r in data["rows"]] == [
+        ("target alone", 1), ("target alone", 8), ("specdec k=2", 1), ("specdec k=2", 8)]
+    for r in data["rows"]:
+        assert r["off tok/s"] > 0 and r["on tok/s"] > 0
+    # batch-invariant passes: speculative output equals the target alone's, by construction
+    assert all(r["spec==alone on"] for r in data["rows"] if r["mode"] != "target alone")
+    assert [p["pass"] for p in data["passes"]] == ["1 token", "3 tokens", "8 seqs x 3 tokens", "prefill 256"]
+    assert all(p["off ms"] > 0 and p["on ms"] > 0 for p in data["passes"])
+    assert "on/off" in proc.stdout and "spec==alone on" in proc.stdout
