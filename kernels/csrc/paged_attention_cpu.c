@@ -68,49 +68,145 @@ typedef struct {
 
 static inline int first_visible(const job_t *J, int pos) { return J->window > 0 && pos + 1 > J->window ? pos + 1 - J->window : 0; }
 
-static inline void axpy(float *o, float e, const void *vbase, int64_t row, int d, int bf16) {
-    int i = 0;
-    vf ev = splat(e);
-    if (bf16) {
-        const uint16_t *v = (const uint16_t *)vbase + row * d;
-        for (; i + W <= d; i += W) storef(o + i, loadf(o + i) + ev * loadh(v + i));
-        for (; i < d; ++i) o[i] += e * tof(v[i]);
-    } else {
-        const float *v = (const float *)vbase + row * d;
-        for (; i + W <= d; i += W) storef(o + i, loadf(o + i) + ev * loadf(v + i));
-        for (; i < d; ++i) o[i] += e * v[i];
-    }
+/* Sum of the 16 lanes by a fixed tree (the same order for every key). */
+static inline float hsum(vf v) {
+    const vi h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+    const vi h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+    const vi h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+    const vi h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+    v += __builtin_shuffle(v, h8);
+    v += __builtin_shuffle(v, h4);
+    v += __builtin_shuffle(v, h2);
+    v += __builtin_shuffle(v, h1);
+    return v[0];
 }
 
-/* o[0:d] += e * v[0:d] for the rows [a, b) of the chunk, keys in order. D > 0: the head size known at
- * compile time (o held in registers); D == 0: any d. */
-static inline __attribute__((always_inline)) void weighted_sum(float *o, const float *e, const char *vb,
-                                                                const int64_t *slots, int a, int b, int d, int bf16, const int D) {
+/* The 16-lane sums of four vectors at once: the same tree as hsum for each (so the same bits as hsum). */
+static inline vf hsum4(vf a0, vf a1, vf a2, vf a3) {
+    const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const vi hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const vi lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    const vi hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+    const vi h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+    const vi h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+    vf p = __builtin_shuffle(a0, a1, lo8) + __builtin_shuffle(a0, a1, hi8);  /* a0 in 0-7, a1 in 8-15 */
+    vf q = __builtin_shuffle(a2, a3, lo8) + __builtin_shuffle(a2, a3, hi8);  /* a2 in 0-7, a3 in 8-15 */
+    vf r = __builtin_shuffle(p, q, lo4) + __builtin_shuffle(p, q, hi4);      /* a0 0-3, a2 4-7, a1 8-11, a3 12-15 */
+    r += __builtin_shuffle(r, h2);
+    r += __builtin_shuffle(r, h1);
+    return r;  /* lane 0: a0, 4: a2, 8: a1, 12: a3 */
+}
+
+/* scores[j] = scale * q . k_j for the keys [a, b) (rows of k, contiguous, d apart): lanes over the head dims,
+ * summed by the fixed tree of hsum, so each key's score is the same bits whatever its neighbours. */
+static inline __attribute__((always_inline)) void score(float *scores, const float *q, const float *k, int a, int b,
+                                                         int d, float scale, const int D) {
+    const int dd = D ? D : d;
+    int j = a;
     if (D) {
-        vf acc[D / W];
-        for (int v = 0; v < D / W; ++v) acc[v] = splat(0.0f);
-        for (int j = a; j < b; ++j) {
-            const vf ev = splat(e[j]);
-            if (bf16) {
-                const uint16_t *row = (const uint16_t *)vb + slots[j] * D;
-                for (int v = 0; v < D / W; ++v) acc[v] += ev * loadh(row + v * W);
-            } else {
-                const float *row = (const float *)vb + slots[j] * D;
-                for (int v = 0; v < D / W; ++v) acc[v] += ev * loadf(row + v * W);
+        vf qv[D / W];
+        for (int v = 0; v < D / W; ++v) qv[v] = loadf(q + v * W);
+        for (; j + 4 <= b; j += 4) {
+            vf acc[4];
+            for (int u = 0; u < 4; ++u) {
+                const float *kj = k + (int64_t)(j + u) * D;
+                acc[u] = splat(0.0f);
+                for (int v = 0; v < D / W; ++v) acc[u] += qv[v] * loadf(kj + v * W);
             }
+            vf s = hsum4(acc[0], acc[1], acc[2], acc[3]);
+            scores[j] = s[0] * scale;
+            scores[j + 1] = s[8] * scale;
+            scores[j + 2] = s[4] * scale;
+            scores[j + 3] = s[12] * scale;
         }
-        for (int v = 0; v < D / W; ++v) storef(o + v * W, acc[v]);
-        return;
     }
-    memset(o, 0, sizeof(float) * d);
-    for (int j = a; j < b; ++j) axpy(o, e[j], vb, slots[j], d, bf16);
+    for (; j < b; ++j) {
+        const float *kj = k + (int64_t)j * dd;
+        vf acc = splat(0.0f);
+        int i = 0;
+        for (; i + W <= dd; i += W) acc += loadf(q + i) * loadf(kj + i);
+        float s = hsum(acc);
+        for (; i < dd; ++i) s += q[i] * kj[i];
+        scores[j] = s * scale;
+    }
 }
 
-/* Phase 1: sequence s, kv head g, chunk c: every query of s that sees keys of the chunk. The chunk's keys are
- * first laid out transposed in blocks of 16 keys (kt[(j / 16) * d + i][j % 16]: dim i of key c0 + j), so a
- * query's scores for 16 keys are one vector accumulated over the head dims in a fixed order, each lane one
- * key: the same operations for a key in any lane. */
-static void chunk_item(const job_t *J, int s, int g, int c, float *scores, int64_t *slots, float *kt) {
+/* o[0:d] = sum over the keys [a, b) of e[j] * v_j (rows of v, contiguous, d apart); returns l = sum of e[j].
+ * Each sum runs in a fixed order given (a, b): D > 0 (the head size known at compile time, o held in
+ * registers) keeps two partial sums, keys a, a + 2, ... and a + 1, a + 3, ..., added at the end; D == 0 (any d)
+ * adds the keys one after another. */
+static inline __attribute__((always_inline)) float weighted_sum(float *o, const float *e, const float *v, int a,
+                                                                 int b, int d, const int D) {
+    if (D) {
+        vf acc0[D / W], acc1[D / W], l0 = splat(0.0f), l1 = splat(0.0f);
+        for (int u = 0; u < D / W; ++u) acc0[u] = acc1[u] = splat(0.0f);
+        int j = a;
+        for (; j + 2 <= b; j += 2) {
+            const vf e0 = splat(e[j]), e1 = splat(e[j + 1]);
+            const float *r0 = v + (int64_t)j * D, *r1 = r0 + D;
+            for (int u = 0; u < D / W; ++u) acc0[u] += e0 * loadf(r0 + u * W);
+            for (int u = 0; u < D / W; ++u) acc1[u] += e1 * loadf(r1 + u * W);
+            l0 += e0;
+            l1 += e1;
+        }
+        if (j < b) {
+            const vf e0 = splat(e[j]);
+            const float *r0 = v + (int64_t)j * D;
+            for (int u = 0; u < D / W; ++u) acc0[u] += e0 * loadf(r0 + u * W);
+            l0 += e0;
+        }
+        for (int u = 0; u < D / W; ++u) storef(o + u * W, acc0[u] + acc1[u]);
+        return l0[0] + l1[0];
+    }
+    float l = 0.0f;
+    memset(o, 0, sizeof(float) * d);
+    for (int j = a; j < b; ++j) {
+        const float *row = v + (int64_t)j * d;
+        int i = 0;
+        for (; i + W <= d; i += W) storef(o + i, loadf(o + i) + splat(e[j]) * loadf(row + i));
+        for (; i < d; ++i) o[i] += e[j] * row[i];
+        l += e[j];
+    }
+    return l;
+}
+
+/* max of x[a, b): exact in any order, so by whole vectors. */
+static inline float max_of(const float *x, int a, int b) {
+    float m = x[a];
+    int j = a;
+    if (b - a >= W) {
+        vf mv = loadf(x + a);
+        for (j = a + W; j + W <= b; j += W) {
+            vf y = loadf(x + j);
+            mv = vselect(y > mv, y, mv);
+        }
+        for (int l = 0; l < W; ++l) m = mv[l] > m ? mv[l] : m;
+    }
+    for (; j < b; ++j) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+/* Rows [from, to) of the chunk's keys or values, copied contiguous as float32 (bfloat16 widened). */
+static void gather(float *dst, const char *base, const int64_t *slots, int from, int to, int d, int bf16) {
+    for (int j = from; j < to; ++j) {
+        float *out = dst + (int64_t)j * d;
+        int i = 0;
+        if (bf16) {
+            const uint16_t *src = (const uint16_t *)base + slots[j] * d;
+            for (; i + W <= d; i += W) storef(out + i, loadh(src + i));
+            for (; i < d; ++i) out[i] = tof(src[i]);
+        } else {
+            memcpy(out, (const float *)base + slots[j] * d, sizeof(float) * d);
+        }
+    }
+}
+
+#define BY_HEAD_SIZE(fn, d, ...) \
+    (d == 64 ? fn(__VA_ARGS__, 64) : d == 128 ? fn(__VA_ARGS__, 128) : d == 256 ? fn(__VA_ARGS__, 256) : fn(__VA_ARGS__, 0))
+
+/* Phase 1: sequence s, kv head g, chunk c: every query of s (and query head of g) that sees keys of the chunk.
+ * The chunk's keys and values are first copied contiguous in float32 (read once, then from cache). */
+static void chunk_item(const job_t *J, int s, int g, int c, float *scores, int64_t *slots, float *kbuf, float *vbuf) {
     const int d = J->d, bs = J->block_size, group = J->heads / J->kv_heads, bf16 = J->bf16, C = J->chunk;
     const int c0 = c * C;
     const int32_t *table = J->tables + (int64_t)s * J->max_blocks;
@@ -127,21 +223,9 @@ static void chunk_item(const job_t *J, int s, int g, int c, float *scores, int64
         bmax = b > bmax ? b : bmax;
     }
     if (amin >= bmax) return;
-    const int ja = amin / W * W, jb = (bmax + W - 1) / W * W;  /* whole blocks of 16 keys */
-    memset(kt + (int64_t)ja * d, 0, sizeof(float) * (int64_t)(amin - ja) * d);  /* (harmless lanes: zeros) */
-    memset(kt + (int64_t)(jb - W) * d, 0, sizeof(float) * (int64_t)W * d);
-    for (int j = amin; j < bmax; ++j) {
-        const int p = c0 + j;
-        slots[j] = (int64_t)table[p / bs] * bs + p % bs;
-        float *dst = kt + (int64_t)(j / W) * W * d + j % W;
-        if (bf16) {
-            const uint16_t *k = (const uint16_t *)kb + slots[j] * d;
-            for (int i = 0; i < d; ++i) dst[i * W] = tof(k[i]);
-        } else {
-            const float *k = (const float *)kb + slots[j] * d;
-            for (int i = 0; i < d; ++i) dst[i * W] = k[i];
-        }
-    }
+    for (int j = amin; j < bmax; ++j) slots[j] = (int64_t)table[(c0 + j) / bs] * bs + (c0 + j) % bs;
+    gather(kbuf, kb, slots, amin, bmax, d, bf16);
+    gather(vbuf, vb, slots, amin, bmax, d, bf16);
     for (int t = t0; t < t1; ++t) {
         const int pos = J->tok_pos[t], lo = first_visible(J, pos);
         const int a = (c0 > lo ? c0 : lo) - c0, b = (c0 + C < pos + 1 ? c0 + C : pos + 1) - c0;
@@ -149,31 +233,13 @@ static void chunk_item(const job_t *J, int s, int g, int c, float *scores, int64
         const int c_rel = c - lo / C;
         for (int h = g * group; h < (g + 1) * group; ++h) {
             const float *q = J->q + ((int64_t)t * J->heads + h) * d;
-            for (int j = a / W * W; j < b; j += W) {
-                const float *k = kt + (int64_t)j * d;
-                vf a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-                int i = 0;
-                for (; i + 4 <= d; i += 4) {
-                    a0 += splat(q[i]) * loadf(k + i * W);
-                    a1 += splat(q[i + 1]) * loadf(k + (i + 1) * W);
-                    a2 += splat(q[i + 2]) * loadf(k + (i + 2) * W);
-                    a3 += splat(q[i + 3]) * loadf(k + (i + 3) * W);
-                }
-                for (; i < d; ++i) a0 += splat(q[i]) * loadf(k + i * W);
-                storef(scores + j, ((a0 + a1) + (a2 + a3)) * splat(J->scale));
-            }
-            float m = scores[a];
-            for (int j = a + 1; j < b; ++j) m = scores[j] > m ? scores[j] : m;
-            for (int j = a / W * W; j < b; j += W) storef(scores + j, vexp(loadf(scores + j) - splat(m)));
+            BY_HEAD_SIZE(score, d, scores, q, kbuf, a, b, d, J->scale);
+            const float m = max_of(scores, a, b);
+            /* exp by whole vectors from a (the lanes past b are computed and never read) */
+            for (int j = a; j < b; j += W) storef(scores + j, vexp(loadf(scores + j) - splat(m)));
             float *part = J->partials + (((int64_t)t * J->heads + h) * J->max_chunks + c_rel) * (d + 2);
-            float l = 0.0f;
-            for (int j = a; j < b; ++j) l += scores[j];
-            if (d == 64) weighted_sum(part + 2, scores, vb, slots, a, b, d, bf16, 64);
-            else if (d == 128) weighted_sum(part + 2, scores, vb, slots, a, b, d, bf16, 128);
-            else if (d == 256) weighted_sum(part + 2, scores, vb, slots, a, b, d, bf16, 256);
-            else weighted_sum(part + 2, scores, vb, slots, a, b, d, bf16, 0);
             part[0] = m;
-            part[1] = l;
+            part[1] = BY_HEAD_SIZE(weighted_sum, d, part + 2, scores, vbuf, a, b, d);
         }
     }
 }
@@ -205,17 +271,19 @@ static void *worker(void *arg) {
     job_t *J = (job_t *)arg;
     float *scores = malloc(sizeof(float) * (J->chunk + W));
     int64_t *slots = malloc(sizeof(int64_t) * (J->chunk + W));
-    float *kt = malloc(sizeof(float) * ((int64_t)J->d * J->chunk + W));
+    float *kbuf = malloc(sizeof(float) * (int64_t)J->d * J->chunk);
+    float *vbuf = malloc(sizeof(float) * (int64_t)J->d * J->chunk);
     for (;;) {
         int64_t i = __atomic_fetch_add(&J->next, 1, __ATOMIC_RELAXED);
         if (i >= J->num_items) break;
         int64_t it = J->items[i];
-        if (J->phase == 1) chunk_item(J, (int)(it >> 40), (int)((it >> 24) & 0xFFFF), (int)(it & 0xFFFFFF), scores, slots, kt);
+        if (J->phase == 1) chunk_item(J, (int)(it >> 40), (int)((it >> 24) & 0xFFFF), (int)(it & 0xFFFFFF), scores, slots, kbuf, vbuf);
         else merge_item(J, (int)(it >> 16), (int)(it & 0xFFFF));
     }
     free(scores);
     free(slots);
-    free(kt);
+    free(kbuf);
+    free(vbuf);
     return NULL;
 }
 
