@@ -8,6 +8,9 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHON
     SPECDEC_CACHE=/cache HF_HOME=/cache/huggingface
 WORKDIR /app
 
+# A C compiler: the batch-invariant CPU attention kernel (kernels/csrc) is built on first use for the CPU
+# the container runs on, into $SPECDEC_CACHE/kernels.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 # The build of torch first (CPU by default), so nothing pulls another one.
 RUN pip install torch==2.13.0 --extra-index-url "${TORCH_INDEX_URL}"
 COPY pyproject.toml README.md requirements-models.txt ./

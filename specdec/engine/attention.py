@@ -10,7 +10,10 @@ consecutive where it can (``specdec.engine.block_pool``), a sequence's history i
 On CPU each slice is one scaled-dot-product-attention call (the grouped query heads folded into the query
 axis, so a kv head's keys are read once); a sequence spread over several slices merges their partial
 results by their log-sum-exp, as flash-decoding does. On CUDA the whole pass is one Triton kernel over the
-block tables (``kernels.paged_attention``).
+block tables (``kernels.paged_attention``). With batch-invariant passes (``kernel="cpu"``) the CPU runs
+``kernels.cpu_attention`` instead: a C kernel that reduces each query's keys in fixed chunks at fixed
+positions, so a query's output does not depend on the rest of the pass (SDPA's blocking follows the number
+of queries and keys, which changes the last bits).
 """
 
 from __future__ import annotations
