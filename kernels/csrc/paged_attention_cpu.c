@@ -63,7 +63,7 @@ typedef struct {
     float *partials;  /* [tokens, heads, max_chunks, d + 2]: m, l, o (chunk index relative to the first seen) */
     float *out;
     /* work items */
-    int64_t num_items; int64_t *items; int phase; int64_t next;
+    int64_t num_items; int64_t *items; int phase; int64_t next; int failed;
 } job_t;
 
 static inline int first_visible(const job_t *J, int pos) { return J->window > 0 && pos + 1 > J->window ? pos + 1 - J->window : 0; }
@@ -267,12 +267,29 @@ static void merge_item(const job_t *J, int t, int h) {
     for (; i < d; ++i) out[i] /= l;
 }
 
+/* Per-thread scratch, kept between calls (no allocation, no page faults per call). */
+static __thread float *t_scratch;
+static __thread size_t t_scratch_floats;
+
+static float *scratch(size_t floats) {
+    if (floats > t_scratch_floats) {
+        free(t_scratch);
+        t_scratch = malloc(sizeof(float) * floats);
+        t_scratch_floats = t_scratch ? floats : 0;
+    }
+    return t_scratch;
+}
+
 static void *worker(void *arg) {
     job_t *J = (job_t *)arg;
-    float *scores = malloc(sizeof(float) * (J->chunk + W));
-    int64_t *slots = malloc(sizeof(int64_t) * (J->chunk + W));
-    float *kbuf = malloc(sizeof(float) * (int64_t)J->d * J->chunk);
-    float *vbuf = malloc(sizeof(float) * (int64_t)J->d * J->chunk);
+    const size_t cw = (size_t)J->chunk + W, kv = (size_t)J->d * J->chunk;
+    float *base = scratch(cw + 2 * cw + 2 * kv);  /* scores, slots (int64: 2 floats each), keys, values */
+    if (!base) {
+        __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    float *scores = base, *kbuf = base + 3 * cw, *vbuf = kbuf + kv;
+    int64_t *slots = (int64_t *)(base + cw);
     for (;;) {
         int64_t i = __atomic_fetch_add(&J->next, 1, __ATOMIC_RELAXED);
         if (i >= J->num_items) break;
@@ -280,10 +297,15 @@ static void *worker(void *arg) {
         if (J->phase == 1) chunk_item(J, (int)(it >> 40), (int)((it >> 24) & 0xFFFF), (int)(it & 0xFFFFFF), scores, slots, kbuf, vbuf);
         else merge_item(J, (int)(it >> 16), (int)(it & 0xFFFF));
     }
-    free(scores);
-    free(slots);
-    free(kbuf);
-    free(vbuf);
+    return NULL;
+}
+
+/* A thread started for one call: its scratch goes with it. */
+static void *helper(void *arg) {
+    worker(arg);
+    free(t_scratch);
+    t_scratch = NULL;
+    t_scratch_floats = 0;
     return NULL;
 }
 
@@ -293,7 +315,7 @@ static void run(job_t *J, int threads) {
     pthread_t tid[64];
     int spawned = 0;
     for (int i = 1; i < threads && i < 64; ++i)
-        if (pthread_create(&tid[spawned], NULL, worker, J) == 0) ++spawned;
+        if (pthread_create(&tid[spawned], NULL, helper, J) == 0) ++spawned;
     worker(J);
     for (int i = 0; i < spawned; ++i) pthread_join(tid[i], NULL);
 }
@@ -305,7 +327,7 @@ int paged_attention(const float *q, const void *k_pool, const void *v_pool, int 
                     int kv_heads, int d, int block_size, int window, int chunk, float scale, float *partials,
                     int max_chunks, float *out, int threads) {
     job_t J = {q, k_pool, v_pool, bf16, head_stride, tables, max_blocks, tok_seq, tok_pos, seq_tok0, seq_ntok,
-               seqs, heads, kv_heads, d, block_size, window, chunk, max_chunks, scale, partials, out, 0, NULL, 1, 0};
+               seqs, heads, kv_heads, d, block_size, window, chunk, max_chunks, scale, partials, out, 0, NULL, 1, 0, 0};
     int64_t n = 0;
     for (int s = 0; s < seqs; ++s) {
         if (!seq_ntok[s]) continue;
@@ -333,6 +355,9 @@ int paged_attention(const float *q, const void *k_pool, const void *v_pool, int 
             for (int g = 0; g < kv_heads; ++g) J.items[n++] = ((int64_t)s << 40) | ((int64_t)g << 24) | c;
     }
     J.num_items = n;
+    int64_t work = 0;  /* key-rows: a thread is worth starting past ~64k of them */
+    for (int t = 0; t < tokens; ++t) work += (int64_t)(tok_pos[t] + 1 - first_visible(&J, tok_pos[t])) * heads;
+    if (work < 65536) threads = 1;
     run(&J, threads);
     n = 0;
     for (int t = 0; t < tokens; ++t)
@@ -341,5 +366,5 @@ int paged_attention(const float *q, const void *k_pool, const void *v_pool, int 
     J.phase = 2;
     run(&J, threads);
     free(J.items);
-    return 0;
+    return J.failed ? -1 : 0;
 }

@@ -80,6 +80,11 @@ class PagedPass:
                 cum.append(cum[-1] + n)
             self.query_start_loc = torch.tensor(cum, dtype=torch.int32, device=device)
             self.windows = windows
+            if self.kernel == "cpu":
+                from kernels.cpu_attention import CpuAttentionPlan
+
+                self.cpu_plan = CpuAttentionPlan(self.block_tables, self.context_lens, self.query_start_loc,
+                                                 set(windows.values()))
 
     def attend(self, layer: int, kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float) -> torch.Tensor:
@@ -90,10 +95,7 @@ class PagedPass:
         values.index_copy_(1, self.slots, v[0])
         heads, tokens, d = q.shape[1], q.shape[2], q.shape[3]
         if self.kernel == "cpu":
-            from kernels.cpu_attention import paged_attention_cpu
-
-            out = paged_attention_cpu(q[0].transpose(0, 1), keys, values, self.block_tables, self.context_lens,
-                                      self.query_start_loc, self.pool.block_size, scale, window=self.windows[kind])
+            out = self.cpu_plan(q[0].transpose(0, 1), keys, values, self.pool.block_size, scale, self.windows[kind])
             return out.reshape(1, tokens, heads * d)
         if self.kernel:
             from kernels.paged_attention import paged_attention

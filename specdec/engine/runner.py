@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_LEAN_FORWARD = True
 # Batch-invariant passes (--batch-invariant): a position's logits the same bits in any pass (README: "Exact by
 # construction"); benchmarks/bench_batch_invariant.py measures what they cost.
-DEFAULT_BATCH_INVARIANT = True
+DEFAULT_BATCH_INVARIANT = False
 
 
 # Chunked prefill: a pass feeds at most this many new tokens when a long prompt is among them, so the other
