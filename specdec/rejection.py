@@ -278,7 +278,8 @@ def accept_batch(batch: RaggedBatch) -> torch.Tensor:
     p_x = target[pos, drafts]  # [batch, kmax]
     has_q = batch.q_start >= 0
     if batch.draft_probs is not None:
-        q_x = batch.draft_probs[(batch.q_start[:, None] + jj).clamp_min(0), drafts]
+        # rows without q (q_start -1) read a clamped row, discarded below
+        q_x = batch.draft_probs[(batch.q_start[:, None] + jj).clamp(0, batch.draft_probs.shape[0] - 1), drafts]
         q_x = torch.where(has_q[:, None], q_x, torch.ones_like(q_x))
     else:
         q_x = torch.ones_like(p_x)
