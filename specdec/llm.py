@@ -20,7 +20,7 @@ from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.proposal import TokenLogprob
 from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
-from specdec.seeding import output_seed
+from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, output_seed
 
 
 
@@ -105,6 +105,7 @@ class LLM:
         block_size: int = DEFAULT_BLOCK_SIZE,
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         batch_invariant: bool = DEFAULT_BATCH_INVARIANT,
+        seeded_sampling: str = DEFAULT_SEEDED_SAMPLING,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
         "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
@@ -113,7 +114,14 @@ class LLM:
         ``kv_cache_memory`` (bytes of each model's KV block pool; default: 2 GiB on CPU, 90% of free memory on
         CUDA), ``block_size`` and ``enable_prefix_caching``: vLLM's settings of the same names.
         ``batch_invariant``: forward passes whose logits do not depend on the shape of the pass (the README's
-        "Exact by construction"; default: on, ``specdec.engine.runner.DEFAULT_BATCH_INVARIANT``)."""
+        "Exact by construction"; default ``specdec.engine.runner.DEFAULT_BATCH_INVARIANT``).
+        ``seeded_sampling``: the rule of requests with a seed and temperature > 0: "coupled" (default; the text
+        depends on the seed, not on the draft, k or speculation: ``specdec.seeding``) or "rejection"
+        (Leviathan/Chen rejection sampling). Requests without a seed always use rejection sampling."""
+        try:  # before minutes of model loading
+            check_seeded_sampling(seeded_sampling)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         kv = {"kv_cache_memory": kv_cache_memory, "block_size": block_size, "enable_prefix_caching": enable_prefix_caching,
               "batch_invariant": batch_invariant}
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
@@ -127,7 +135,8 @@ class LLM:
         self.draft: LoadedModel | None = None
         self._draft_worker: DraftWorker | None = None
         self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target",
-                                                       lean_forward=lean_forward, **kv), kernels=kernels)
+                                                       lean_forward=lean_forward, **kv), kernels=kernels,
+                                           seeded_sampling=seeded_sampling)
         cfg = self.speculative_config
         if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
             if cfg.max_model_len is not None:
@@ -208,7 +217,8 @@ class LLM:
     def new_sequence(self, prompt_token_ids: list[int], params: SamplingParams, index: int = 0) -> SequenceState:
         self._check_prompt(prompt_token_ids)
         if params.seed is None:
-            params = params.clone(seed=self._rng.getrandbits(63))
+            # reproducible runs, yet an unseeded request: rejection sampling, as in the services
+            params = params.clone(seed=self._rng.getrandbits(63), engine_seed=True)
         elif index:
             params = params.clone(seed=output_seed(params.seed, index))  # n > 1: distinct, reproducible samples
         return SequenceState(

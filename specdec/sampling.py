@@ -49,6 +49,10 @@ class SamplingParams:
     # Where the prompt ends in the token ids a worker is given: the sequence sets it (not users) when
     # penalties or min_tokens must tell generated tokens from the prompt's.
     num_prompt_tokens: int | None = None
+    # Whether ``seed`` came from the offline LLM's own generator (a request without a seed: the LLM gives
+    # every sequence one, so a run is reproducible), not from the user. Set by the LLM, not users: such a
+    # request counts as unseeded (``couples``), as a request without a seed does in the services.
+    engine_seed: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -116,6 +120,12 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         """Whether anything beyond temperature / top-k / top-p processes the logits."""
         return self.needs_history or bool(self.logit_bias)
+
+    @property
+    def couples(self) -> bool:
+        """A seeded sampled request (the user gave the seed): the requests the coupled rule applies to
+        (``specdec.seeding``; the target's ``seeded_sampling`` setting decides whether it does)."""
+        return self.seed is not None and not self.engine_seed and not self.greedy
 
     @property
     def greedy(self) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import grpc
 
+from specdec.errors import ConfigError
 from specdec.proposal import Proposal
+from specdec.seeding import SEEDED_SAMPLING
 from specdec.serving.backend import Backend
 from specdec.serving.backend_service import BackendServicerMixin, require_ready, start_backend_service
 from specdec.serving.batching import ComputeThread
@@ -48,7 +50,9 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
 def create_server(config: TargetServiceConfig, load_async: bool = False,
                   compute: ComputeThread | None = None) -> ServerHandle:
     """Start a target service (see ``specdec.serving.backend_service.start_backend_service``)."""
+    if config.seeded_sampling not in SEEDED_SAMPLING:  # before minutes of model loading
+        raise ConfigError(f"--seeded-sampling must be one of {list(SEEDED_SAMPLING)}, got {config.seeded_sampling!r}")
     return start_backend_service(
         "target", config, TargetServicer, target_service_pb2_grpc.add_TargetServiceServicer_to_server, SERVICE_NAME,
-        load_async=load_async, compute=compute,
+        load_async=load_async, compute=compute, seeded_sampling=config.seeded_sampling,
     )

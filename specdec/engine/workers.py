@@ -14,9 +14,10 @@ import torch
 from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from kernels.dispatch import accept_batch, resolve
-from specdec.rejection import RaggedBatch
+from specdec.rejection import RaggedBatch, race_scores
 from specdec.engine.runner import UNFINISHED, ModelRunner, _Sequence
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
+from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
 
 
 @dataclass
@@ -139,8 +140,13 @@ class DraftWorker:
                             call.params, call.token_ids, runner.lm.eos_token_ids, after=drafts[j]))
                     if probabilistic:
                         q = truncate_top_n(process_logits(last, call.params), self.top_n)  # [vocab]
-                        drafts[j].append(int(sample(q, seq.generator)))
-                        qs[j].append(q if tli is None else tli.q_to_target(q))
+                        q_target = q if tli is None else tli.q_to_target(q)
+                        if call.params.couples:  # the race the target runs, over q (specdec.seeding)
+                            winner = race_winner(q_target, call.params.seed, len(call.token_ids) + len(drafts[j]))
+                            drafts[j].append(winner if tli is None else tli.to_draft(winner))
+                        else:
+                            drafts[j].append(int(sample(q, seq.generator)))
+                        qs[j].append(q_target)
                     else:
                         drafts[j].append(int(last.argmax()))
                 active = [j for j in active if len(drafts[j]) < rows[j][1].num_speculative_tokens and j not in stopped]
@@ -173,10 +179,13 @@ class TargetWorker:
     ``kernels.dispatch``; one host transfer of the results), and rolls each rejected tail back by
     moving its cache pointer."""
 
-    def __init__(self, runner: ModelRunner, kernels: str | None = None):
+    def __init__(self, runner: ModelRunner, kernels: str | None = None,
+                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING):
         self.runner = runner
         try:
             self.kernels = resolve(kernels, runner.lm.device)  # "triton" | "torch"
+            # the rule of seeded sampled requests: "coupled" (draft-invariant, specdec.seeding) or "rejection"
+            self.seeded_sampling = check_seeded_sampling(seeded_sampling)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -232,13 +241,22 @@ class TargetWorker:
 
     def _accept(self, calls: list[VerifyCall], seqs: list[_Sequence], logits: list[torch.Tensor]) -> list[tuple[int, int]]:
         """logits: per call [k + 1, vocab] — the target after each draft prefix. → (accepted, next token) per call."""
-        greedy = [c.params.greedy for c in calls]
-        targets = []
+        greedy, targets = [], []
         for lg, c in zip(logits, calls):
             # penalties: row i follows the history + drafts[:i] (the drafts before it count as generated)
             ctx = penalty_context(c.params, c.token_ids, self.runner.lm.eos_token_ids, c.proposal.draft_token_ids)
             # greedy rows need only the argmax: their (penalised) logits go in; sampled rows go in as p (processed)
-            targets.append(apply_penalties(lg, c.params, ctx) if c.params.greedy else process_logits(lg, c.params, ctx))
+            if c.params.greedy:
+                targets.append(apply_penalties(lg, c.params, ctx))
+                greedy.append(True)
+                continue
+            p = process_logits(lg, c.params, ctx)
+            coupled = self.seeded_sampling == "coupled" and c.params.couples
+            if coupled:  # the coupled rule is greedy matching on p / E (specdec.rejection): a greedy row
+                first = len(c.token_ids)  # row j chooses the token at position len(history) + j
+                p = race_scores(p, race_noise(c.params.seed, range(first, first + p.shape[0]), p.shape[-1], p.device))
+            targets.append(p)
+            greedy.append(coupled)
         batch = RaggedBatch.build([c.proposal.draft_token_ids for c in calls], targets,
                                   [c.proposal.draft_probs for c in calls], greedy, [s.generator for s in seqs],
                                   logits[0].device)
@@ -263,6 +281,12 @@ def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor) 
         result.prompt_logprobs = token_logprobs(logits[: len(call.token_ids) - 1], call.token_ids[1:],
                                                 params.prompt_logprobs)
     return result
+
+
+def race_winner(q: torch.Tensor, seed: int, position: int) -> int:
+    """A coupled draft's token: the exponential race over ``q`` [vocab] with the request's noise at
+    ``position`` (the target's race at that position, over p): an exact sample of q."""
+    return int(race_scores(q, race_noise(seed, [position], q.shape[-1], q.device)[0]).argmax())
 
 
 def truncate_top_n(probs: torch.Tensor, top_n: int | None) -> torch.Tensor:

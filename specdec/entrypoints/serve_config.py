@@ -5,7 +5,8 @@ their settings reaches it in exactly one of these ways (``tests/specdec/entrypoi
 fails when a new field is in none):
 
 * the same flag: the backends' settings (``--max-batch-size``, ``--batch-wait-ms``, ...) go to both
-  backends, the gateway's (``--max-concurrent-requests``, ``--api-key``, ...) to the gateway;
+  backends, the gateway's (``--max-concurrent-requests``, ``--api-key``, ...) to the gateway, the
+  target's own (``--seeded-sampling``) and the draft's own (``--draft-top-n``) to that part;
 * ``--draft-<name>`` for a backend setting the draft takes apart from the target (vLLM's
   ``--draft-*`` style; default: the target's value), e.g. ``--draft-dtype``, ``--draft-max-batch-size``;
 * a key of ``--speculative-config`` (``num_speculative_tokens``, ``method``, ``prompt_lookup_max``, ...),
@@ -39,6 +40,8 @@ DRAFT_OVERRIDABLE = ("dtype", "device", "max_sequences", "sequence_ttl_seconds",
 BACKEND_SHARED = ("revision", "max_model_len", "num_threads", "kernels")  # revision: the target's (the draft's is a spec key)
 # Draft-service settings that are flags of serve under the same name.
 DRAFT_SAME = ("draft_top_n",)
+# Target-service settings that are flags of serve under the same name.
+TARGET_SAME = ("seeded_sampling",)
 # Gateway settings under another name in serve (vLLM's: --port is HTTP).
 GATEWAY_RENAMED = {"port": "grpc_port", "http_port": "port"}
 # part -> field -> the speculative_config key that sets it.
@@ -123,6 +126,8 @@ def _serve_fields() -> list[tuple[str, Any, dataclasses.Field]]:
                          help_text=f"the draft's --{name.replace('_', '-')} (default: the target's)"))
     for name in DRAFT_SAME:
         out.append(_copy(DraftServiceConfig, name))
+    for name in TARGET_SAME:
+        out.append(_copy(TargetServiceConfig, name))
     for name in gateway_same_fields():
         if name not in ("host", "max_model_len"):  # host above; max_model_len is the backends' too
             out.append(_copy(GatewayConfig, name))
@@ -148,7 +153,7 @@ def part_configs(cfg: Any, spec: SpeculativeConfig | None, target_model: str,
         values.update(max_model_len=max_len, host=LOOPBACK, port=0, **kw)
         return cls(**values)
 
-    target = backend(TargetServiceConfig, False, model=target_model)
+    target = backend(TargetServiceConfig, False, model=target_model, **{n: getattr(cfg, n) for n in TARGET_SAME})
     draft = None
     if spec is not None:
         draft = backend(DraftServiceConfig, True, model=spec.model or "ngram", method=spec.method,

@@ -21,6 +21,7 @@ from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_C
                                      DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_CACHE_MEMORY)
 from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
 from specdec.sampling import SamplingParams
+from specdec.seeding import DEFAULT_SEEDED_SAMPLING
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
 from specdec.serving.metrics import ServiceMetrics, set_build_info
 from specdec.engine.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
@@ -93,7 +94,8 @@ class Backend:
     def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
                  draft_top_n: int | None = None, target_tokenizer: str | None = None,
                  compute: ComputeThread | None = None, tli_proposals: str = "text",
-                 lookup: tuple[int, int] | None = None, ngram_only: bool = False):
+                 lookup: tuple[int, int] | None = None, ngram_only: bool = False,
+                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -102,6 +104,7 @@ class Backend:
         self.draft_top_n = draft_top_n
         self.target_tokenizer = target_tokenizer
         self.tli_proposals = tli_proposals
+        self.seeded_sampling = seeded_sampling  # the target's rule for seeded sampled requests
         # n-gram lookup (prompt_lookup_min, prompt_lookup_max): alone (ngram_only: no model is loaded) or
         # before the draft model (hybrid)
         self.lookup = lookup
@@ -143,7 +146,7 @@ class Backend:
                 self.worker = HybridDraftWorker(self.worker, *self.lookup)
             run = self.worker.propose_batch
         else:
-            self.worker = TargetWorker(self.runner, kernels=cfg.kernels)
+            self.worker = TargetWorker(self.runner, kernels=cfg.kernels, seeded_sampling=self.seeded_sampling)
             run = self.worker.verify_batch
         self._start(run)
 

@@ -126,6 +126,13 @@ class TLIAdapter:
     def to_target(self, draft_id: int) -> int:
         return int(self._d2t[draft_id])
 
+    def to_draft(self, target_id: int) -> int:
+        """The draft id of an intersection token given by its target id (``to_target``'s inverse)."""
+        draft_id = int(self.mapping.target_to_draft[target_id]) if 0 <= target_id < len(self.mapping.target_to_draft) else -1
+        if draft_id < 0:
+            raise ValueError(f"target id {target_id} is not in the draft/target intersection")
+        return draft_id
+
     def q_to_target(self, q: torch.Tensor) -> torch.Tensor:
         """q over draft ids [V_draft] (zero outside the intersection) → the same q over target ids."""
         key = (q.device, q.shape[-1])

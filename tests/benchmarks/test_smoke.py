@@ -219,6 +219,27 @@ def test_smoke_kv_pool(tmp_path):
                               "batch / solo passes"], "context", [{**r, "context": str(r["context"])} for r in data["rows"]])
 
 
+COUPLED = Expected(
+    "bench_coupled.py", ["setup", "tokens/s", "acceptance", "mean acceptance length", "tokens/pass",
+                         "identical to spec off"], "setup",
+    [f"{rule}, T={t}" for t in (0.7, 1.0) for rule in ("spec off", "coupled k=3", "rejection k=3")],
+    {"target", "draft", "k", "dtype", "draft_dtype", "top_p", "temperatures", "max_tokens", "seeds", "prompts",
+     "details"},
+    numeric=["tokens/s", "tokens/pass"])
+
+
+def test_smoke_coupled(tmp_path):
+    """Seeded sampling, coupled vs rejection: the coupled rows' output is the target alone's, for every request."""
+    stdout, data = run_smoke(COUPLED, tmp_path)
+    check(COUPLED, stdout, data)
+    spec_rows = [r for r in data["rows"] if not r["setup"].startswith("spec off")]
+    for r in spec_rows:
+        assert isinstance(r["identical to spec off"], bool)
+        assert 0.0 <= r["acceptance"] <= 1.0 and 1.0 <= r["mean acceptance length"] <= 4.0, r
+        assert data["details"][r["setup"]]["spec_stats"]["num_draft_tokens"] > 0
+    assert all(r["identical to spec off"] for r in spec_rows if r["setup"].startswith("coupled"))
+
+
 @pytest.mark.slow
 def test_smoke_default_pair(tmp_path):
     from specdec.config import default_draft_path

@@ -22,7 +22,12 @@ Pairs and configurations:
   1. probabilistic drafting with the draft service's top-N cut of q (``draft_top_n``). The default, 256,
      is larger than this vocabulary and would cut nothing, so the draft service runs with TOP_N = 4, which
      cuts ~46 % of q's mass after the prompt (``test_word_pair_is_as_designed`` checks that it cuts > 30 %).
-  2. greedy drafting at temperature 1 (q one-hot). Both gateways share one draft and one target service.
+  2. greedy drafting at temperature 1 (q one-hot). Both gateways share one draft and one target service,
+     which samples seeded requests by rejection (``seeded_sampling="rejection"``: every request here has
+     a seed, and these configurations and the negative controls are about rejection sampling).
+  The coupled rule (the default for seeded requests): probabilistic drafting as in 1, for a second target
+  service with the default ``seeded_sampling``; accepts and mismatches both happen, and the pairs must
+  follow the same joint.
 * TLI pair (configuration 3): a tiny target over Gemma-3's real tokenizer (262,144 ids) and a tiny draft
   over SmolLM2's (49,152 ids), built as in tests/specdec/tli/test_tli_sampling.py: next-token logits after
   the prompt pinned on 8 words for the target, on 5 of them + 3 others for the draft. The draft service
@@ -221,13 +226,18 @@ def word_pair(tmp_path_factory) -> WordPair:
 
 @pytest.fixture(scope="module")
 def word_stubs(servers, word_pair):
-    """{"probabilistic", "greedy"} -> a gateway stub; both gateways share one target and one draft service."""
+    """{"probabilistic", "greedy", "coupled"} -> a gateway stub. The first two share one target service that
+    samples seeded requests by rejection (the rule these tests and their negative controls are about) and
+    one draft service; "coupled" drafts probabilistically with the same draft for a target service with the
+    default rule, the coupled race."""
     # One compute thread each: the machine's cores are shared by both services and gRPC.
-    target = servers.target(word_pair.target_dir, num_threads=1)
+    target = servers.target(word_pair.target_dir, num_threads=1, seeded_sampling="rejection")
     draft = servers.draft(word_pair.draft_dir, num_threads=1, draft_top_n=TOP_N)
     channels: list = []
     stubs = {method: gateway_stub(servers.gateway(target, draft, draft_sample_method=method), channels)
              for method in ("probabilistic", "greedy")}
+    coupled = servers.target(word_pair.target_dir, num_threads=1)
+    stubs["coupled"] = gateway_stub(servers.gateway(coupled, draft, draft_sample_method="probabilistic"), channels)
     yield stubs
     for channel in channels:
         channel.close()
@@ -250,9 +260,10 @@ def test_word_pair_is_as_designed(word_pair):
     assert float(top[top * N_NEGATIVE >= 5].sum()) > 0.4, "the joint must be peaky enough for counts"
 
 
-@pytest.mark.parametrize("method", ["probabilistic", "greedy"])
+@pytest.mark.parametrize("method", ["probabilistic", "greedy", "coupled"])
 def test_word_pair_joint_follows_target(word_stubs, word_pair, chi2_pvalue, method):
-    s = sample_pairs(word_stubs[method], PROMPT_IDS, N_WORD, seed={"probabilistic": 10**6, "greedy": 2 * 10**6}[method])
+    seed = {"probabilistic": 10**6, "greedy": 2 * 10**6, "coupled": 4 * 10**6}[method]
+    s = sample_pairs(word_stubs[method], PROMPT_IDS, N_WORD, seed=seed)
     assert_both_paths_ran(s)
     pv = word_pvalue(chi2_pvalue, word_pair, s)
     print(f"\n{method}: chi-square p={pv:.3g}; {s.describe()}")
@@ -333,7 +344,7 @@ def tli_stub(servers, tli_pair):
         mp.setattr(specdec.serving.backend, "load_model", lambda name, **kw: tli_pair.models[name])
         mp.setattr(specdec.engine.models, "load_tokenizer", load_tokenizer)
         mp.setattr(gateway.generation, "load_tokenizer", load_tokenizer)
-        target = servers.target("tiny-gemma-target", num_threads=1)
+        target = servers.target("tiny-gemma-target", num_threads=1, seeded_sampling="rejection")
         draft = servers.draft("tiny-smollm2-draft", num_threads=1, target_tokenizer="tiny-gemma-target")
         gw = servers.gateway(target, draft, draft_sample_method="probabilistic", use_heterogeneous_vocab=True)
     from specdec.tli.adapter import TLIAdapter

@@ -84,7 +84,8 @@ EVERY_CONFIG = {
     "target": {"config": {"dtype": "float32", "device": "cpu", "revision": "main", "max_sequences": 100000000,
                           "sequence_ttl_seconds": 600.5, "max_batch_size": 8, "batch_wait_ms": 0,
                           "num_threads": 2, "lean_forward": False, "kv_cache_memory": 4294967296,
-                          "block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.85}},
+                          "block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.85,
+                          "seeded_sampling": "rejection"}},
 }
 
 CASES = {
@@ -280,6 +281,13 @@ def test_dtype_choices_are_the_loaders():
     from specdec.engine.models import DTYPES
 
     assert set(_schema()["definitions"]["targetConfig"]["properties"]["dtype"]["enum"]) == {"auto", *DTYPES}
+
+
+def test_seeded_sampling_choices_are_the_targets():
+    from specdec.seeding import SEEDED_SAMPLING
+
+    prop = _schema()["definitions"]["targetConfig"]["properties"]["seeded_sampling"]
+    assert prop["enum"] == list(SEEDED_SAMPLING)
 
 
 def test_chart_version_follows_the_package():

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from kernels.rejection import accept_batch as triton_accept
-from specdec.rejection import RaggedBatch, accept_batch, accept_rows, greedy_accept, rejection_sample
+from specdec.rejection import (RaggedBatch, accept_batch, accept_rows, coupled_accept, greedy_accept, race_scores,
+                               rejection_sample)
+from specdec.seeding import race_noise
 from tests.kernels.conftest import DEVICE
 
 
@@ -145,3 +147,34 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert report["_accept_kernel"]["cubin"] and report["_argmax_kernel"]["cubin"], report
     assert all(r["cubin"] for r in report.values()), report
     assert report["_accept_kernel"]["div_rn"] and not report["_accept_kernel"]["div_full"], report
+
+
+@pytest.mark.parametrize("vocab", [100, 49152])
+def test_coupled_rows_as_greedy_rows_of_p_over_e(vocab):
+    """The target worker hands a coupled row (seeded, sampled) to the kernels as a greedy row whose target
+    rows are p / E: the kernel decides it as the coupled reference does, beside sampled rows."""
+    g = torch.Generator().manual_seed(vocab)
+    kinds = ["coupled", "q", "coupled", "one-hot", "coupled"]
+    ks = [3, 2, 0, 4, 5]
+    drafts, targets, qs, expected = [], [], [], {}
+    for i, (k, kind) in enumerate(zip(ks, kinds)):
+        p = torch.softmax(4 * torch.randn(k + 1, vocab, generator=g), -1)
+        d = torch.randint(0, vocab, (k,), generator=g)
+        q = None
+        if kind == "coupled":
+            noise = race_noise(i, range(30, 30 + k + 1), vocab)
+            d[: i % 3] = (p / noise).argmax(-1)[: min(i % 3, k)]  # 0, 1 or 2 right drafts, then (mostly) wrong
+            expected[i] = coupled_accept(d, p, noise)
+            p = race_scores(p, noise)
+        elif kind == "q":
+            q = torch.softmax(torch.randn(k, vocab, generator=g), -1)
+            d = torch.multinomial(q, 1, generator=g)[:, 0]
+        drafts.append(d.tolist())
+        targets.append(p.to(DEVICE))
+        qs.append(q.to(DEVICE) if q is not None else None)
+    gens = [torch.Generator(device=DEVICE).manual_seed(i) for i in range(len(ks))]
+    batch = RaggedBatch.build(drafts, targets, qs, [k == "coupled" for k in kinds], gens, DEVICE)
+    got = triton_accept(batch)
+    assert got.tolist() == accept_batch(batch).tolist() == accept_rows(batch).tolist()
+    for i, row in expected.items():
+        assert tuple(got[:, i].tolist()) == row, i

@@ -22,9 +22,10 @@ PROMPT = "The quick brown fox"  # the target's first token at T=1: 0.43, 0.36, 0
 N_FIRST = 100  # samples per chi-square run (the broken kernel gives p < 1e-6 here; the real one p > 0.05)
 
 
-def _llm(target_dir, draft_dir, spec, kernels, method="probabilistic", k=3):
+def _llm(target_dir, draft_dir, spec, kernels, method="probabilistic", k=3, seeded_sampling="rejection"):
+    """Seeded requests are sampled by rejection unless asked (the kernel's sampled rows are what these test)."""
     llm = LLM(str(target_dir), speculative_config=spec(draft_dir, k, draft_sample_method=method), dtype="float32",
-              device=DEVICE, kernels=kernels)
+              device=DEVICE, kernels=kernels, seeded_sampling=seeded_sampling)
     assert llm._target_worker.kernels == kernels
     return llm
 
@@ -38,15 +39,16 @@ def test_greedy_output_equals_the_target_alone(target_dir, good_draft_dir, spec,
         assert 0 < got.spec_decode_stats.num_accepted_tokens < got.spec_decode_stats.num_draft_tokens  # both outcomes
 
 
+@pytest.mark.parametrize("seeded_sampling", ["rejection", "coupled"])
 @pytest.mark.parametrize("method, params", [
     ("probabilistic", SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)),
     ("greedy", SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, ignore_eos=True)),
     ("probabilistic", SamplingParams(temperature=1.0, top_k=20, max_tokens=16, ignore_eos=True)),
 ], ids=["probabilistic-T1", "greedydraft-topp", "probabilistic-topk"])
-def test_seeded_sampling_equals_the_torch_path(target_dir, good_draft_dir, spec, method, params):
+def test_seeded_sampling_equals_the_torch_path(target_dir, good_draft_dir, spec, method, params, seeded_sampling):
     outs = {}
     for kernels in ("torch", "triton"):
-        llm = _llm(target_dir, good_draft_dir, spec, kernels, method=method)
+        llm = _llm(target_dir, good_draft_dir, spec, kernels, method=method, seeded_sampling=seeded_sampling)
         outs[kernels] = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * 4, [params.clone(seed=s) for s in range(4)])]
     assert outs["triton"] == outs["torch"]
     assert len({tuple(t) for t in outs["torch"]}) > 1  # the seeds made different samples

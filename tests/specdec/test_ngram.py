@@ -123,9 +123,12 @@ def test_hybrid_greedy_equals_target_alone_and_uses_both(target_dir, good_draft_
     assert 0 < calls["model"] < rounds, "hybrid drafting used only one of its two drafters"
 
 
-def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch):
+@pytest.mark.parametrize("seeded_sampling", ["coupled", "rejection"])
+def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch,
+                                                                        seeded_sampling):
     """First emitted token after a prompt whose lookup always matches: with n-gram proposals (no q)
-    it follows p; accepting every proposal instead (the negative control) does not."""
+    it follows p under both rules of seeded requests; accepting every proposal instead (the negative
+    control, a broken rejection rule) does not."""
     from specdec.engine.models import load_model
 
     lm = load_model(str(target_dir), dtype="float32")
@@ -137,7 +140,8 @@ def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_di
     params = SamplingParams(temperature=1.0, top_k=8, max_tokens=2)  # 2: the first round may draft 1
     p = process_logits(logits, params)
     support = p.nonzero().squeeze(-1).tolist()
-    llm = LLM(str(target_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 2}, dtype="float32")
+    llm = LLM(str(target_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 2}, dtype="float32",
+              seeded_sampling=seeded_sampling)
     assert NgramWorker(NgramStore(2, 4)).propose("x", prompt, 2, params).draft_token_ids  # the lookup matches
 
     def first_tokens(n: int) -> list[int]:
@@ -147,6 +151,8 @@ def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_di
     counts = Counter(first_tokens(600))
     observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
     assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) > 1e-3
+    if seeded_sampling == "coupled":  # no q, no uniforms: accept_batch sees greedy rows of p / E
+        return
     monkeypatch.setattr(specdec.engine.workers, "accept_batch", rowwise(accept_always))
     counts = Counter(first_tokens(600))
     observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]

@@ -174,6 +174,46 @@ def test_verify_seeded_sampling_is_reproducible(stub, ref, clean):
     assert release(stub, "a") and release(stub, "b")
 
 
+def test_seeded_sampling_setting_reaches_the_worker_and_a_bad_one_is_refused(servers, target_dir, monkeypatch):
+    """--seeded-sampling / SPECDEC_TARGET_SEEDED_SAMPLING: coupled by default, rejection when asked; a bad
+    value stops start-up before the model loads, naming the flag."""
+    from specdec.errors import ConfigError
+    from specdec.serving.settings import from_env
+    from target_service.config import ENV_PREFIX, TargetServiceConfig
+    from target_service.server import create_server
+
+    monkeypatch.setenv("SPECDEC_TARGET_SEEDED_SAMPLING", "rejection")
+    assert from_env(TargetServiceConfig, ENV_PREFIX).seeded_sampling == "rejection"
+    rejection = servers.target(target_dir, seeded_sampling="rejection")
+    try:
+        assert rejection.backend.worker.seeded_sampling == "rejection"
+    finally:
+        servers.stop(rejection)
+    with pytest.raises(ConfigError, match=r"--seeded-sampling must be one of \['coupled', 'rejection'\]"):
+        create_server(TargetServiceConfig(model=str(target_dir), port=0, seeded_sampling="gumbel"))
+
+
+def test_coupled_verify_emits_the_target_alone_race_whatever_is_proposed(stub, target, ref, clean):
+    """A seeded sampled Verify under the default rule: the emitted tokens are the target's race at each
+    position, so any proposal (none, random ids, the race's own tokens) emits the same tokens."""
+    ids, out = ref
+    assert target.backend.worker.seeded_sampling == "coupled"
+    n = len(ids)
+    alone = []
+    for i in range(4):  # the target alone, one token per Verify
+        r = _verify(stub, "alone", ids + alone if i == 0 else alone[-1:], start_position=0 if i == 0 else n + i - 1,
+                    temperature=1.0, seed=7)
+        alone.append(_next_token(r)[1])
+    wrong = [(t + 1) % VOCAB for t in alone]
+    for sid, drafts in (("right", alone[:3]), ("wrong", wrong[:3]), ("half", alone[:1] + wrong[1:3])):
+        r = _verify(stub, sid, ids, draft_token_ids=drafts, temperature=1.0, seed=7)
+        emitted = drafts[:r.num_accepted_tokens] + [_next_token(r)[1]]
+        assert emitted == alone[:len(emitted)], sid
+        assert r.num_accepted_tokens == {"right": 3, "wrong": 0, "half": 1}[sid]
+        assert release(stub, sid)
+    assert release(stub, "alone")
+
+
 # --------------------------------------------------------------------------------------------------
 # errors
 

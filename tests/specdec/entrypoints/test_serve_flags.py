@@ -15,7 +15,8 @@ import pytest
 from specdec.config import SpeculativeConfig
 from specdec.entrypoints import serve, serve_config
 from specdec.entrypoints.serve_config import (BACKEND_SHARED, DRAFT_OVERRIDABLE, DRAFT_SAME, GATEWAY_RENAMED, PARTS,
-                                              SPEC_KEYS, WIRED, ServeConfig, gateway_same_fields, part_configs)
+                                              SPEC_KEYS, TARGET_SAME, WIRED, ServeConfig, gateway_same_fields,
+                                              part_configs)
 from specdec.serving import settings
 from specdec.serving.backend import BackendConfig
 
@@ -39,7 +40,8 @@ def _serve_flag(role: str, name: str) -> str | None:
         return None
     if role == "gateway":
         return GATEWAY_RENAMED.get(name, name)
-    if name in DRAFT_OVERRIDABLE or name in BACKEND_SHARED or (role == "draft" and name in DRAFT_SAME):
+    if name in DRAFT_OVERRIDABLE or name in BACKEND_SHARED or (role == "draft" and name in DRAFT_SAME) or (
+            role == "target" and name in TARGET_SAME):
         return name
     raise AssertionError(f"{role}.{name}: no way through `specdec serve` (add it to serve_config)")
 

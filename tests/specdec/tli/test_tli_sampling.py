@@ -12,7 +12,10 @@ DRAFT over SmolLM2's tokenizer (49,152 ids), wired by ``specdec.LLM`` exactly as
 
 Each sample is one propose + one verify through the LLM's own DraftWorker(tli=TLIAdapter) and
 TargetWorker (batched over many seeded sequences); the first emitted token must follow p (Pearson
-chi-square). Negative controls: the same statistic rejects two broken acceptance rules.
+chi-square), under both rules of seeded requests (the coupled race, where the draft races over q in
+target ids, and rejection sampling). Negative controls: the same statistic rejects two broken
+acceptance rules (of rejection sampling). With the coupled rule, the pair's seeded output is the target
+alone's.
 """
 
 from __future__ import annotations
@@ -149,8 +152,10 @@ def test_probabilistic_proposal_q_is_the_restricted_draft_distribution_in_target
     assert prop.draft_probs[0].nonzero().flatten().tolist() == expected_support
 
 
+@pytest.mark.parametrize("seeded_sampling", ["coupled", "rejection"])
 @pytest.mark.parametrize("method, k, rounds", [("greedy", 3, 20), ("greedy-intersection", 3, 20), ("probabilistic", 2, 20)])
-def test_first_token_follows_target_distribution(pair, chi2_pvalue, method, k, rounds):
+def test_first_token_follows_target_distribution(pair, chi2_pvalue, monkeypatch, method, k, rounds, seeded_sampling):
+    monkeypatch.setattr(pair.llm._target_worker, "seeded_sampling", seeded_sampling)
     counts, first_acc, acc = pair.sample_first_tokens(method, k, rounds, seed=10_000)
     # both paths of the acceptance rule ran: accepted first drafts AND rejected ones
     assert 0.0 < first_acc < 1.0 and 0.0 < acc < 1.0, (first_acc, acc)
@@ -164,6 +169,7 @@ def test_first_token_follows_target_distribution(pair, chi2_pvalue, method, k, r
 def test_negative_control_broken_acceptance_is_detected(pair, chi2_pvalue, monkeypatch, broken, method):
     """The same statistic, on samples from a broken acceptance rule, must reject."""
     monkeypatch.setattr(specdec.engine.workers, "accept_batch", rowwise(broken))
+    monkeypatch.setattr(pair.llm._target_worker, "seeded_sampling", "rejection")  # the rule these break
     counts, _, _ = pair.sample_first_tokens(method, 2, rounds=10, seed=20_000)
     pv = pair.pvalue(chi2_pvalue, counts)
     assert pv < ALPHA, f"{broken.__name__}: a broken sampler passed the chi-square test (p={pv:.2e})"
@@ -182,3 +188,26 @@ def test_llm_generate_samples_within_target_support(pair):
         ids = out.outputs[0].token_ids
         assert len(ids) == 2 and ids[0] in pair.support, ids
         assert out.outputs[0].spec_decode_stats.num_draft_tokens >= 1
+
+
+def test_coupled_output_is_the_target_alone_output(pair):
+    """Seeded sampling under the coupled rule: the TLI pair (probabilistic drafting: the draft races over q
+    in target ids and maps the winner back to its own id) emits exactly what the target alone emits."""
+    alone = llm_over(pair.target, pair.target_tok)
+    prompts = [PROMPT] * 4
+    params = [PARAMS.clone(seed=s, max_tokens=6, ignore_eos=True) for s in range(4)]
+    spec = llm_over(pair.target, pair.target_tok, pair.draft, pair.draft_tok, k=2, draft_sample_method="probabilistic")
+    outs = spec.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone.generate(prompts, params)]
+    stats = [o.outputs[0].spec_decode_stats for o in outs]
+    assert sum(s.num_draft_tokens for s in stats) > 0 and sum(s.num_accepted_tokens for s in stats) > 0
+
+
+def test_to_draft_inverts_to_target(pair):
+    tli = pair.llm._draft_worker.tli
+    for word in DRAFT_LOGITS:
+        d = _single_id(pair.draft_tok, word)
+        assert tli.to_draft(tli.to_target(d)) == d
+    outside = int((tli.mapping.target_to_draft < 0).nonzero()[0, 0])
+    with pytest.raises(ValueError, match="not in the draft/target intersection"):
+        tli.to_draft(outside)
