@@ -122,8 +122,7 @@ class LLM:
             check_seeded_sampling(seeded_sampling)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        kv = {"kv_cache_memory": kv_cache_memory, "block_size": block_size, "enable_prefix_caching": enable_prefix_caching,
-              "batch_invariant": batch_invariant}
+        kv = {"kv_cache_memory": kv_cache_memory, "block_size": block_size, "enable_prefix_caching": enable_prefix_caching}
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.target = load_model(model or DEFAULT_TARGET, dtype=dtype, device=device, revision=revision)
@@ -134,9 +133,10 @@ class LLM:
         self._rng = random.Random(seed)
         self.draft: LoadedModel | None = None
         self._draft_worker: DraftWorker | None = None
+        # batch invariance is the target's: the draft's numerics never change what is emitted
         self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target",
-                                                       lean_forward=lean_forward, **kv), kernels=kernels,
-                                           seeded_sampling=seeded_sampling)
+                                                       lean_forward=lean_forward, batch_invariant=batch_invariant, **kv),
+                                           kernels=kernels, seeded_sampling=seeded_sampling)
         cfg = self.speculative_config
         if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
             if cfg.max_model_len is not None:

@@ -34,14 +34,13 @@ LOOPBACK = "127.0.0.1"
 
 # Backend settings both backends take from one flag, and that the draft may set apart (--draft-<name>).
 DRAFT_OVERRIDABLE = ("dtype", "device", "max_sequences", "sequence_ttl_seconds", "max_batch_size", "batch_wait_ms",
-                     "lean_forward", "batch_invariant", "kv_cache_memory", "block_size", "enable_prefix_caching",
-                     "gpu_memory_utilization")
+                     "lean_forward", "kv_cache_memory", "block_size", "enable_prefix_caching", "gpu_memory_utilization")
 # Backend settings with one value for both backends.
 BACKEND_SHARED = ("revision", "max_model_len", "num_threads", "kernels")  # revision: the target's (the draft's is a spec key)
 # Draft-service settings that are flags of serve under the same name.
 DRAFT_SAME = ("draft_top_n",)
 # Target-service settings that are flags of serve under the same name.
-TARGET_SAME = ("seeded_sampling",)
+TARGET_SAME = ("seeded_sampling", "batch_invariant")  # the target's: the draft's numerics never change the output
 # Gateway settings under another name in serve (vLLM's: --port is HTTP).
 GATEWAY_RENAMED = {"port": "grpc_port", "http_port": "port"}
 # part -> field -> the speculative_config key that sets it.
@@ -63,7 +62,8 @@ WIRED: dict[str, dict[str, str]] = {
     "target": {"model": "the positional TARGET", "host": _LOOPBACK, "port": _LOOPBACK, "metrics_port": _ONE_METRICS,
                "tls_cert_file": _PLAIN, "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN},
     "draft": {"host": _LOOPBACK, "port": _LOOPBACK, "metrics_port": _ONE_METRICS, "tls_cert_file": _PLAIN,
-              "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN},
+              "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN,
+              "batch_invariant": "off: the draft's numerics never change the output (--batch-invariant is the target's)"},
     "gateway": {"draft_addr": _LOOPBACK, "target_addr": _LOOPBACK, "backend_tls_ca_file": _PLAIN,
                 "backend_tls_cert_file": _PLAIN, "backend_tls_key_file": _PLAIN, "backend_tls_server_name": _PLAIN},
 }

@@ -55,7 +55,8 @@ class BackendConfig:
     batch_invariant: bool = field(default=DEFAULT_BATCH_INVARIANT, metadata={
         "help": "batch-invariant forward passes: a position's logits are the same bits whatever else the pass holds "
                 "(fixed-shape products, attention over fixed key chunks), so greedy verification picks exactly the "
-                "target-alone token (--no-batch-invariant: the fastest kernel per shape)"})
+                "target-alone token (a target's setting: a draft's numerics never change the output; "
+                "--no-batch-invariant: the fastest kernel per shape)"})
     # The KV block pool of the model (vLLM's paged KV cache: --kv-cache-memory-bytes, --block-size,
     # --enable-prefix-caching, --gpu-memory-utilization).
     kv_cache_memory: int | None = field(default=None, metadata={

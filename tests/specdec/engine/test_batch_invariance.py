@@ -89,3 +89,14 @@ def test_unavailable_without_the_lean_forward(target_dir, caplog):
                          batch_invariant=True)
     assert not runner.batch_invariant
     assert "batch-invariant passes are unavailable (the lean forward is off)" in caplog.text
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_cuda_through_the_triton_kernels(target_dir, dtype):
+    """On a GPU the same property comes from kernels/batch_invariant.py (products, norms) and the paged Triton
+    attention (scripts/gpu-check.sh runs this)."""
+    lm = load_model(str(target_dir), dtype=dtype, device="cuda")
+    alone = _alone(lm, True)
+    for n, batch, place in [(1, 1, 0), (5, 3, 1), (8, 8, 7)]:
+        assert torch.equal(_in_company(lm, True, n, batch, place), alone), (n, batch)
