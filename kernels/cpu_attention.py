@@ -70,7 +70,7 @@ def _library() -> ctypes.CDLL:
         raise KernelUnavailable("no C compiler found (set $CC, or install gcc) to build the CPU attention kernel")
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-pthread"]
+    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-fopenmp"]
     key = hashlib.sha256(b"\0".join([source, " ".join([cc, *version, *flags]).encode(), _cpu_flags().encode()]))
     target = _cache_dir() / f"paged_attention_cpu-{key.hexdigest()[:16]}.so"
     if not target.exists():

@@ -16,7 +16,6 @@
  * (each key's score and exp come out the same in any lane); reductions are sequential in a fixed order.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,24 +299,13 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-/* A thread started for one call: its scratch goes with it. */
-static void *helper(void *arg) {
-    worker(arg);
-    free(t_scratch);
-    t_scratch = NULL;
-    t_scratch_floats = 0;
-    return NULL;
-}
-
+/* The work items over `threads` threads of the OpenMP runtime torch has loaded (libgomp.so.1: the same
+ * library, so the same pool of threads its own operators use and that waits, spinning, right after them). */
 static void run(job_t *J, int threads) {
     J->next = 0;
     if (threads > J->num_items) threads = (int)J->num_items;
-    pthread_t tid[64];
-    int spawned = 0;
-    for (int i = 1; i < threads && i < 64; ++i)
-        if (pthread_create(&tid[spawned], NULL, helper, J) == 0) ++spawned;
+#pragma omp parallel num_threads(threads) if (threads > 1)
     worker(J);
-    for (int i = 0; i < spawned; ++i) pthread_join(tid[i], NULL);
 }
 
 /* Returns 0, or -1 when out of memory. */
@@ -355,9 +343,9 @@ int paged_attention(const float *q, const void *k_pool, const void *v_pool, int 
             for (int g = 0; g < kv_heads; ++g) J.items[n++] = ((int64_t)s << 40) | ((int64_t)g << 24) | c;
     }
     J.num_items = n;
-    int64_t work = 0;  /* key-rows: a thread is worth starting past ~64k of them */
+    int64_t work = 0;  /* key-rows: worth a second thread past ~8k of them */
     for (int t = 0; t < tokens; ++t) work += (int64_t)(tok_pos[t] + 1 - first_visible(&J, tok_pos[t])) * heads;
-    if (work < 65536) threads = 1;
+    if (work < 8192) threads = 1;
     run(&J, threads);
     n = 0;
     for (int t = 0; t < tokens; ++t)

@@ -49,7 +49,7 @@ from specdec.engine.models import skinny_linear
 logger = logging.getLogger(__name__)
 
 _PACK_DTYPES = (torch.float32, torch.bfloat16)
-INVARIANT_TILE_ROWS = 8  # batch-invariant products: rows per call (a pass of 1-8 rows: one call per product)
+INVARIANT_TILE_ROWS = 16  # batch-invariant products: rows per call (one AMX tile; a pass of 1-16 rows: one call per product)
 
 
 def _onednn_ok(dtype: torch.dtype) -> bool:
