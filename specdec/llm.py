@@ -104,7 +104,7 @@ class LLM:
         kv_cache_memory: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
-        batch_invariant: bool = DEFAULT_BATCH_INVARIANT,
+        batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
         seeded_sampling: str = DEFAULT_SEEDED_SAMPLING,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
@@ -114,7 +114,7 @@ class LLM:
         ``kv_cache_memory`` (bytes of each model's KV block pool; default: 2 GiB on CPU, 90% of free memory on
         CUDA), ``block_size`` and ``enable_prefix_caching``: vLLM's settings of the same names.
         ``batch_invariant``: forward passes whose logits do not depend on the shape of the pass (the README's
-        "Exact by construction"; default ``specdec.engine.runner.DEFAULT_BATCH_INVARIANT``).
+        "Exact by construction"; default None: on for a CPU target, off on CUDA).
         ``seeded_sampling``: the rule of requests with a seed and temperature > 0: "coupled" (default; the text
         depends on the seed, not on the draft, k or speculation: ``specdec.seeding``) or "rejection"
         (Leviathan/Chen rejection sampling). Requests without a seed always use rejection sampling."""

@@ -39,8 +39,9 @@ logger = logging.getLogger(__name__)
 # ModelRunner). The one default of the services' --lean-forward / --no-lean-forward and LLM(lean_forward=).
 DEFAULT_LEAN_FORWARD = True
 # Batch-invariant passes (--batch-invariant): a position's logits the same bits in any pass (README: "Exact by
-# construction"); benchmarks/bench_batch_invariant.py measures what they cost.
-DEFAULT_BATCH_INVARIANT = False
+# construction"). None: on for a target on CPU, where benchmarks/bench_batch_invariant.py measured what they
+# cost; off on CUDA until its Triton products are measured there, and off for drafts.
+DEFAULT_BATCH_INVARIANT: bool | None = None
 
 
 # Chunked prefill: a pass feeds at most this many new tokens when a long prompt is among them, so the other
@@ -118,7 +119,7 @@ class ModelRunner:
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        batch_invariant: bool = DEFAULT_BATCH_INVARIANT,
+        batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
@@ -146,6 +147,8 @@ class ModelRunner:
         self.net: Any = lm.model
         # Batch-invariant passes (see the README's "Exact by construction"): the lean forward with fixed-shape
         # products and, on CPU, the C attention kernel; where either is missing the passes are not invariant.
+        if batch_invariant is None:  # the default: a CPU target's (a draft's numerics never change the output)
+            batch_invariant = lm.device.type == "cpu" and role == "target"
         why_not = batch_invariance_unavailable(lm, lean_forward) if batch_invariant else None
         if why_not:
             logger.warning("%s %s: batch-invariant passes are unavailable (%s); a position's logits may differ "

@@ -52,11 +52,11 @@ class BackendConfig:
         "help": "run forward passes through specdec's lean forward where the model's architecture allows it (Llama "
                 "family, Gemma-3; else transformers' forward, the reason logged); --no-lean-forward: transformers' "
                 "forward always"})
-    batch_invariant: bool = field(default=DEFAULT_BATCH_INVARIANT, metadata={
+    batch_invariant: bool | None = field(default=DEFAULT_BATCH_INVARIANT, metadata={
         "help": "batch-invariant forward passes: a position's logits are the same bits whatever else the pass holds "
                 "(fixed-shape products, attention over fixed key chunks), so greedy verification picks exactly the "
-                "target-alone token (a target's setting: a draft's numerics never change the output; "
-                "--no-batch-invariant: the fastest kernel per shape)"})
+                "target-alone token (a target's setting: a draft's numerics never change the output; default: on for "
+                "CPU models, off on CUDA; --no-batch-invariant: the fastest kernel per shape)"})
     # The KV block pool of the model (vLLM's paged KV cache: --kv-cache-memory-bytes, --block-size,
     # --enable-prefix-caching, --gpu-memory-utilization).
     kv_cache_memory: int | None = field(default=None, metadata={
