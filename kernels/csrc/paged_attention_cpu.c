@@ -308,6 +308,17 @@ static void run(job_t *J, int threads) {
     worker(J);
 }
 
+/* The chunks some query of sequence s sees: [lo, hi]. */
+static void chunk_range(const job_t *J, int s, int *lo, int *hi) {
+    *lo = 1 << 30;
+    *hi = -1;
+    for (int t = J->seq_tok0[s]; t < J->seq_tok0[s] + J->seq_ntok[s]; ++t) {
+        const int a = first_visible(J, J->tok_pos[t]) / J->chunk, b = J->tok_pos[t] / J->chunk;
+        *lo = a < *lo ? a : *lo;
+        *hi = b > *hi ? b : *hi;
+    }
+}
+
 /* Returns 0, or -1 when out of memory. */
 int paged_attention(const float *q, const void *k_pool, const void *v_pool, int bf16, int64_t head_stride,
                     const int32_t *tables, int max_blocks, const int32_t *tok_seq, const int32_t *tok_pos,
@@ -319,12 +330,8 @@ int paged_attention(const float *q, const void *k_pool, const void *v_pool, int 
     int64_t n = 0;
     for (int s = 0; s < seqs; ++s) {
         if (!seq_ntok[s]) continue;
-        int lo = 1 << 30, hi = -1;
-        for (int t = seq_tok0[s]; t < seq_tok0[s] + seq_ntok[s]; ++t) {
-            int a = first_visible(&J, tok_pos[t]) / chunk, b = tok_pos[t] / chunk;
-            lo = a < lo ? a : lo;
-            hi = b > hi ? b : hi;
-        }
+        int lo, hi;
+        chunk_range(&J, s, &lo, &hi);
         n += (int64_t)kv_heads * (hi - lo + 1);
     }
     int64_t cap = n > (int64_t)tokens * heads ? n : (int64_t)tokens * heads;
@@ -333,12 +340,8 @@ int paged_attention(const float *q, const void *k_pool, const void *v_pool, int 
     n = 0;
     for (int s = 0; s < seqs; ++s) {
         if (!seq_ntok[s]) continue;
-        int lo = 1 << 30, hi = -1;
-        for (int t = seq_tok0[s]; t < seq_tok0[s] + seq_ntok[s]; ++t) {
-            int a = first_visible(&J, tok_pos[t]) / chunk, b = tok_pos[t] / chunk;
-            lo = a < lo ? a : lo;
-            hi = b > hi ? b : hi;
-        }
+        int lo, hi;
+        chunk_range(&J, s, &lo, &hi);
         for (int c = hi; c >= lo; --c)  /* the longest work first */
             for (int g = 0; g < kv_heads; ++g) J.items[n++] = ((int64_t)s << 40) | ((int64_t)g << 24) | c;
     }
