@@ -192,8 +192,8 @@ class LeanDecoder:
         if need > have:
             blocks = [self._rotary(x, torch.arange(p, p + self._ROPE_BLOCK, device=x.device)[None], kind)
                       for p in range(have, need, self._ROPE_BLOCK)]
-            cos = torch.cat([c for c in ([] if cos is None else [cos])] + [c[0] for c, _ in blocks])
-            sin = torch.cat([s for s in ([] if sin is None else [sin])] + [s[0] for _, s in blocks])
+            old = [] if cos is None else [(cos[None], sin[None])]
+            cos, sin = (torch.cat([b[i][0] for b in old + blocks]) for i in (0, 1))
             self._rope_tables[kind] = (cos, sin)
         return cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
 

@@ -114,8 +114,9 @@ class LeanLinear:
         if n % t:
             rows = torch.cat([rows, rows.new_zeros((t - n % t, rows.shape[1]))])
         if self.packed is not None:
-            out = torch.cat([torch.ops.mkldnn._linear_pointwise(tile, self.packed, self.bias, "none", [], "")
-                             for tile in rows.split(t)])
+            outs = [torch.ops.mkldnn._linear_pointwise(tile, self.packed, self.bias, "none", [], "")
+                    for tile in rows.split(t)]
         else:
-            out = torch.cat([F.linear(tile, self.weight, self.bias) for tile in rows.split(t)])
+            outs = [F.linear(tile, self.weight, self.bias) for tile in rows.split(t)]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # a pass of up to t rows: no copy
         return out[:n].view(*x.shape[:-1], self.out_features)

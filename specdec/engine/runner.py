@@ -147,12 +147,14 @@ class ModelRunner:
         self.net: Any = lm.model
         # Batch-invariant passes (see the README's "Exact by construction"): the lean forward with fixed-shape
         # products and, on CPU, the C attention kernel; where either is missing the passes are not invariant.
-        if batch_invariant is None:  # the default: a CPU target's (a draft's numerics never change the output)
+        requested = batch_invariant is not None
+        if not requested:  # the default: a CPU target's (a draft's numerics never change the output)
             batch_invariant = lm.device.type == "cpu" and role == "target"
         why_not = batch_invariance_unavailable(lm, lean_forward) if batch_invariant else None
-        if why_not:
-            logger.warning("%s %s: batch-invariant passes are unavailable (%s); a position's logits may differ "
-                           "in the last bits with the shape of the pass", role, lm.name, why_not)
+        if why_not:  # a warning where asked for; by default (a model the lean forward cannot run) a note
+            logger.log(logging.WARNING if requested else logging.INFO,
+                       "%s %s: batch-invariant passes are unavailable (%s); a position's logits may differ in the "
+                       "last bits with the shape of the pass", role, lm.name, why_not)
         self.batch_invariant = batch_invariant and not why_not
         if lean_forward:
             reason = unsupported_reason(lm.model)
