@@ -219,7 +219,9 @@ def test_texts_are_package_data():
 
 @pytest.mark.slow
 def test_real_smollm2_heldout_perplexity():
-    """Measured (fp32, CPU): see the module's report in the commit; lean and transformers agree."""
+    """Measured (fp32, CPU, 1 thread): 2,399 tokens (SmolLM2's tokenizer adds no BOS), 5 windows of up to 512,
+    2,394 predicted; perplexity 20.9458 through transformers and the lean decoder alike (relative difference
+    2e-7); about 35 s with the model's first load."""
     from specdec.engine.models import load_model
     from tests.specdec.tli.tiny_tli import require_packages
 
