@@ -21,6 +21,9 @@ TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts beco
 # The embedded default pair of `specdec serve` with no model named.
 DEFAULT_TARGET = "smollm2-135m"
 DEFAULT_NUM_SPECULATIVE_TOKENS = 2  # k when a speculative_config names none
+# --quantization / speculative_config "quantization" (vLLM's names): the decoder products' formulation
+# (specdec.engine.quant). None (the default) picks by role: int8 for a draft, none for a target.
+QUANTIZATIONS = ("none", "int8", "fp8")
 # k of the embedded default pair: measured best with its float32 target (benchmarks/bench_default_pair.py).
 # On 2 CPU cores an fp32 pass of 2 tokens costs what one token does, 3-5 tokens ~1.4-1.6x, and the draft
 # agrees ~30% of the time on the next token: k=1 gains, longer proposals lose.
@@ -96,6 +99,8 @@ class SpeculativeConfig:
     # overlapped drafting: the draft drafts the next round while the target verifies this one, betting
     # that this round is accepted in full (specdec.decoding.Lookahead); false: the rounds run in turn
     overlap: bool = False
+    # the draft's --quantization (vLLM's key; None: int8, a draft's default)
+    quantization: str | None = None
 
     @property
     def uses_lookup(self) -> bool:
@@ -157,6 +162,7 @@ class SpeculativeConfig:
         if self.disable_by_batch_size is not None and (not isinstance(self.disable_by_batch_size, int)
                                                        or self.disable_by_batch_size < 1):
             raise ConfigError(f"disable_by_batch_size must be an integer >= 1, got {self.disable_by_batch_size!r}")
+        check_quantization(self.quantization)
         for key in ("adaptive_k", "overlap"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be true or false")
@@ -166,6 +172,12 @@ class SpeculativeConfig:
             check_lookup(*self.lookup_range())
         elif self.prompt_lookup_min is not None:
             raise ConfigError("prompt_lookup_min needs prompt_lookup_max (or \"method\": \"ngram\")")
+
+
+def check_quantization(value: str | None) -> None:
+    """ConfigError unless ``value`` is one of QUANTIZATIONS (or None: the role's default)."""
+    if value is not None and value not in QUANTIZATIONS:
+        raise ConfigError(f"quantization must be one of {list(QUANTIZATIONS)}, got {value!r}")
 
 
 def spec_default(key: str) -> Any:

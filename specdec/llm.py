@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.adaptive import AdaptiveK, calibrate
-from specdec.config import DEFAULT_TARGET, SpeculativeConfig, check_vocab_compatible, legacy_speculative_config
+from specdec.config import (DEFAULT_TARGET, SpeculativeConfig, check_quantization, check_vocab_compatible,
+                            legacy_speculative_config)
 from specdec.decoding import Lookahead, decode
 from specdec.engine.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING
-from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, ModelRunner
+from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, DEFAULT_QUANTIZATION, ModelRunner
 from specdec.engine.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
 from specdec.engine.models import LoadedModel, load_model, model_max_len
@@ -106,6 +107,7 @@ class LLM:
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
         seeded_sampling: str = DEFAULT_SEEDED_SAMPLING,
+        quantization: str | None = DEFAULT_QUANTIZATION,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
         "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
@@ -117,11 +119,14 @@ class LLM:
         "Exact by construction"; default None: on for a CPU target, off on CUDA).
         ``seeded_sampling``: the rule of requests with a seed and temperature > 0: "coupled" (default; the text
         depends on the seed, not on the draft, k or speculation: ``specdec.seeding``) or "rejection"
-        (Leviathan/Chen rejection sampling). Requests without a seed always use rejection sampling."""
+        (Leviathan/Chen rejection sampling). Requests without a seed always use rejection sampling.
+        ``quantization``: the target's decoder products, "none" (default), "int8" (W8A8) or "fp8" (CUDA); the
+        draft's is ``speculative_config["quantization"]`` (default "int8"): see ``specdec.engine.quant``."""
         try:  # before minutes of model loading
             check_seeded_sampling(seeded_sampling)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        check_quantization(quantization)
         kv = {"kv_cache_memory": kv_cache_memory, "block_size": block_size, "enable_prefix_caching": enable_prefix_caching}
         speculative_config = legacy_speculative_config(speculative_config, speculative_model, num_speculative_tokens)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
@@ -135,7 +140,8 @@ class LLM:
         self._draft_worker: DraftWorker | None = None
         # batch invariance is the target's: the draft's numerics never change what is emitted
         self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target",
-                                                       lean_forward=lean_forward, batch_invariant=batch_invariant, **kv),
+                                                       lean_forward=lean_forward, batch_invariant=batch_invariant,
+                                                       quantization=quantization, **kv),
                                            kernels=kernels, seeded_sampling=seeded_sampling)
         cfg = self.speculative_config
         if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
@@ -162,7 +168,7 @@ class LLM:
             # With TLI the draft keeps its own logits; the adapter maps proposals to target ids.
             draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
                                        logits_vocab_size=None if tli else self.target.vocab_size,
-                                       lean_forward=lean_forward, **kv)
+                                       lean_forward=lean_forward, quantization=cfg.quantization, **kv)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
                 self._draft_worker = HybridDraftWorker(self._draft_worker, *cfg.lookup_range())

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from specdec.engine.attention import PagedPass
 from specdec.engine.lean_linear import INVARIANT_TILE_ROWS, LeanLinear
+from specdec.engine.quant import QuantLinear
+from specdec.engine.quant_plan import QuantPlan
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 # model_type -> the transformers class-name prefix its modules use
@@ -103,7 +105,7 @@ class LeanDecoder:
         return None
 
     def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, quant: QuantPlan | None = None):
         reason = type(self).unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"{type(self).__name__} cannot run this model: {reason}")
@@ -113,6 +115,7 @@ class LeanDecoder:
         # every position's logits the same bits whatever else the pass holds (fixed-shape products, per-row
         # norms, the rotary table, attention by kernels.cpu_attention / the Triton kernel): see the README
         self.batch_invariant = batch_invariant
+        self.quant = quant  # the products it covers run as int8/fp8 QuantLinear (specdec.engine.quant_plan)
         self._rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
@@ -131,7 +134,7 @@ class LeanDecoder:
             self.vocab_subset = vocab_subset.to(device=head.device, dtype=torch.long)
             head = head[self.vocab_subset].contiguous()
         with torch.no_grad():
-            self.lm_head = self.linear(head)
+            self.lm_head = self.linear(head, name="lm_head")
             self.norm = self._norm_weight(model.model.norm.weight)
             self.layers = [self._build_layer(layer) for layer in model.model.layers]
         self.scaling = model.model.layers[0].self_attn.scaling if self.layers else 1.0
@@ -139,19 +142,23 @@ class LeanDecoder:
         self.intermediate = self.layers[0].gate_up.out_features // 2 if self.layers else 0
 
     # -- per-architecture hooks (Llama family here) --------------------------------------------------
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LeanLinear:
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "") -> LeanLinear | QuantLinear:
+        """The product named ``name`` (``lm_head``, ``<layer>.qkv|o|gate_up|down``): quantized where the plan
+        covers it (an int8 product is batch-invariant as it is: exact integer sums), else a LeanLinear."""
+        if self.quant is not None and self.quant.covers(name):
+            return self.quant.linear(name, weight, bias)
         return LeanLinear(weight, bias, use_onednn=self.use_onednn,
                           tile_rows=INVARIANT_TILE_ROWS if self.batch_invariant else None)
 
     def _build_layer(self, layer: Any) -> _Layer:
-        a, mlp = layer.self_attn, layer.mlp
+        a, mlp, i = layer.self_attn, layer.mlp, layer.self_attn.layer_idx
         return _Layer(
             ln1=layer.input_layernorm.weight,
-            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj)),
-            o=self.linear(a.o_proj.weight, a.o_proj.bias),
+            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj), name=f"{i}.qkv"),
+            o=self.linear(a.o_proj.weight, a.o_proj.bias, name=f"{i}.o"),
             ln2=layer.post_attention_layernorm.weight,
-            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0]),
-            down=self.linear(mlp.down_proj.weight),
+            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0], name=f"{i}.gate_up"),
+            down=self.linear(mlp.down_proj.weight, name=f"{i}.down"),
         )
 
     def _norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
@@ -307,7 +314,9 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 def lean_decoder(model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True,
-                 batch_invariant: bool = False) -> LeanDecoder | None:
+                 batch_invariant: bool = False, quant: QuantPlan | None = None) -> LeanDecoder | None:
     """A lean decoder for ``model`` (see :func:`decoder_class`), or None where it is unsupported."""
     cls = decoder_class(model)
-    return cls(model, vocab_subset, use_onednn, batch_invariant) if cls.unsupported_reason(model) is None else None
+    if cls.unsupported_reason(model) is not None:
+        return None
+    return cls(model, vocab_subset, use_onednn, batch_invariant, quant)

@@ -70,27 +70,27 @@ class LeanGemma3Decoder(LeanDecoder):
         return None
 
     def __init__(self, model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, quant: Any = None):
         self.kinds = list(model.config.layer_types)
-        super().__init__(model, vocab_subset, use_onednn, batch_invariant)
+        super().__init__(model, vocab_subset, use_onednn, batch_invariant, quant)
         cfg = model.config
         self.window = cfg.sliding_window
         self.softcap = cfg.final_logit_softcapping
         self.embed_scale = model.model.embed_tokens.embed_scale.to(self.dtype)
 
     def _build_layer(self, layer: Any) -> _Gemma3Layer:
-        a, mlp = layer.self_attn, layer.mlp
+        a, mlp, i = layer.self_attn, layer.mlp, layer.self_attn.layer_idx
         return _Gemma3Layer(
             kind=self.kinds[a.layer_idx],
             ln_in=self._norm_weight(layer.input_layernorm.weight),
-            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj)),
+            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj), name=f"{i}.qkv"),
             q_norm=self._norm_weight(a.q_norm.weight),
             k_norm=self._norm_weight(a.k_norm.weight),
-            o=self.linear(a.o_proj.weight, a.o_proj.bias),
+            o=self.linear(a.o_proj.weight, a.o_proj.bias, name=f"{i}.o"),
             post_attn=self._norm_weight(layer.post_attention_layernorm.weight),
             pre_ff=self._norm_weight(layer.pre_feedforward_layernorm.weight),
-            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0]),
-            down=self.linear(mlp.down_proj.weight),
+            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0], name=f"{i}.gate_up"),
+            down=self.linear(mlp.down_proj.weight, name=f"{i}.down"),
             post_ff=self._norm_weight(layer.post_feedforward_layernorm.weight),
         )
 

@@ -28,7 +28,9 @@ from specdec.engine.block_pool import ROOT
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING, DEFAULT_GPU_MEMORY_UTILIZATION,
                                      KVPool, KVStats, SequenceKVCache, kv_budget)
 from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
-from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SequencePreemptedError
+from specdec.engine.quant import quantization_unavailable
+from specdec.engine.quant_plan import build_plan, save_plan
+from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SequencePreemptedError
 from specdec.engine.models import LoadedModel, SkinnyLinear
 from specdec.sampling import make_generator
 from specdec.seeding import round_seed, stream_key
@@ -42,6 +44,11 @@ DEFAULT_LEAN_FORWARD = True
 # construction"). None: on for a target on CPU, where benchmarks/bench_batch_invariant.py measured what they
 # cost; off on CUDA until its Triton products are measured there, and off for drafts.
 DEFAULT_BATCH_INVARIANT: bool | None = None
+# --quantization (vLLM's name; specdec.engine.quant): None picks by role. A draft's products run int8 (W8A8,
+# SmoothQuant-calibrated): its numerics change only how often its tokens are accepted, never the output, and
+# benchmarks/bench_quantization.py measured the pair faster with it. A target runs in its --dtype unless told.
+DEFAULT_QUANTIZATION: str | None = None
+DEFAULT_QUANTIZATION_BY_ROLE = {"draft": "int8", "target": "none"}
 
 
 # Chunked prefill: a pass feeds at most this many new tokens when a long prompt is among them, so the other
@@ -120,6 +127,7 @@ class ModelRunner:
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
+        quantization: str | None = DEFAULT_QUANTIZATION,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
@@ -156,10 +164,14 @@ class ModelRunner:
                        "%s %s: batch-invariant passes are unavailable (%s); a position's logits may differ in the "
                        "last bits with the shape of the pass", role, lm.name, why_not)
         self.batch_invariant = batch_invariant and not why_not
+        self.quantization = resolve_quantization(quantization, role, lm, lean_forward)
         if lean_forward:
             reason = unsupported_reason(lm.model)
             if reason is None:
-                self.net = lean_decoder(lm.model, self.vocab_subset, batch_invariant=self.batch_invariant)
+                plan, cache_file = (None, None) if self.quantization == "none" else build_plan(
+                    lm, self.quantization, self.vocab_subset)
+                self.net = lean_decoder(lm.model, self.vocab_subset, batch_invariant=self.batch_invariant, quant=plan)
+                save_plan(plan, cache_file)
             else:
                 logger.info("%s %s: keeping transformers' forward, the lean forward does not support this model: %s",
                             role, lm.name, reason)
@@ -440,6 +452,25 @@ class ModelRunner:
             return logits[..., :target_v]
         pad = logits.new_full((*logits.shape[:-1], target_v - v), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
+
+
+def resolve_quantization(requested: str | None, role: str, lm: LoadedModel, lean_forward: bool | None) -> str:
+    """The quantization a runner uses: ``requested``, else its role's default (int8 for a draft: its numerics
+    change only the acceptance, never the output; none for a target). A requested mode that cannot run here
+    raises ValueError saying why; a default that cannot falls back to none (logged)."""
+    quantization = requested if requested is not None else DEFAULT_QUANTIZATION_BY_ROLE[role]
+    why = quantization_unavailable(quantization, lm.device)
+    if why is None and quantization != "none":
+        if lean_forward is False:
+            why = "the lean forward is off (--no-lean-forward); quantized products run in the lean forward only"
+        elif unsupported_reason(lm.model):
+            why = f"the lean forward does not support this model: {unsupported_reason(lm.model)}"
+    if why is None:
+        return quantization
+    if requested is not None:
+        raise ConfigError(f"{role} {lm.name}: --quantization {quantization} is unavailable: {why}")
+    logger.info("%s %s: %s products unavailable (%s); running unquantized", role, lm.name, quantization, why)
+    return "none"
 
 
 def batch_invariance_unavailable(lm: LoadedModel, lean_forward: bool | None) -> str | None:

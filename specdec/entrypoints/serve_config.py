@@ -40,7 +40,8 @@ BACKEND_SHARED = ("revision", "max_model_len", "num_threads", "kernels")  # revi
 # Draft-service settings that are flags of serve under the same name.
 DRAFT_SAME = ("draft_top_n",)
 # Target-service settings that are flags of serve under the same name.
-TARGET_SAME = ("seeded_sampling", "batch_invariant")  # the target's: the draft's numerics never change the output
+TARGET_SAME = ("seeded_sampling", "batch_invariant",  # the target's: the draft's numerics never change the output
+               "quantization")  # the target's --quantization; the draft's is speculative_config's "quantization"
 # Gateway settings under another name in serve (vLLM's: --port is HTTP).
 GATEWAY_RENAMED = {"port": "grpc_port", "http_port": "port"}
 # part -> field -> the speculative_config key that sets it.
@@ -48,7 +49,7 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
     "draft": {"model": "model", "method": "method", "draft_sample_method": "draft_sample_method",
               "tli_proposals": "tli_proposals", "prompt_lookup_max": "prompt_lookup_max",
               "prompt_lookup_min": "prompt_lookup_min", "max_model_len": "max_model_len", "revision": "revision",
-              "target_tokenizer": "use_heterogeneous_vocab"},
+              "target_tokenizer": "use_heterogeneous_vocab", "quantization": "quantization"},
     "gateway": {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",
                 "use_heterogeneous_vocab": "use_heterogeneous_vocab", "disable_by_batch_size": "disable_by_batch_size",
                 "adaptive_k": "adaptive_k", "overlap": "overlap", "max_model_len": "max_model_len"},
@@ -159,7 +160,7 @@ def part_configs(cfg: Any, spec: SpeculativeConfig | None, target_model: str,
         draft = backend(DraftServiceConfig, True, model=spec.model or "ngram", method=spec.method,
                         revision=spec.revision, prompt_lookup_max=spec.prompt_lookup_max,
                         prompt_lookup_min=spec.prompt_lookup_min, draft_sample_method=spec.draft_sample_method,
-                        tli_proposals=spec.tli_proposals,
+                        tli_proposals=spec.tli_proposals, quantization=spec.quantization,
                         target_tokenizer=target_model if spec.use_heterogeneous_vocab else None,
                         **{n: getattr(cfg, n) for n in DRAFT_SAME})
     gateway_values = {n: getattr(cfg, n) for n in gateway_same_fields()}

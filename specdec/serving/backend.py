@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from specdec.config import DEFAULT_TARGET, parse_byte_size
+from specdec.config import DEFAULT_TARGET, check_quantization, parse_byte_size
 from specdec.errors import ConfigError, InvalidRequestError, SequenceNotFoundError
 from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.history import TokenHistory, common_prefix
@@ -19,7 +19,8 @@ from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult,
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING,
                                      DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_CACHE_MEMORY)
-from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, ModelRunner, set_num_threads
+from specdec.engine.runner import (DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, DEFAULT_QUANTIZATION, ModelRunner,
+                                   set_num_threads)
 from specdec.sampling import SamplingParams
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
@@ -57,6 +58,10 @@ class BackendConfig:
                 "(fixed-shape products, attention over fixed key chunks), so greedy verification picks exactly the "
                 "target-alone token (a target's setting: a draft's numerics never change the output; default: on for "
                 "CPU models, off on CUDA; --no-batch-invariant: the fastest kernel per shape)"})
+    quantization: str | None = field(default=DEFAULT_QUANTIZATION, metadata={
+        "help": "the decoder products' formulation: none (the --dtype's), int8 (W8A8: int8 weights per output channel, "
+                "int8 activations per token, SmoothQuant-calibrated; CPU and CUDA) or fp8 (CUDA, compute capability "
+                "8.9+); default: int8 for a draft (its numerics change only the acceptance), none for a target"})
     # The KV block pool of the model (vLLM's paged KV cache: --kv-cache-memory-bytes, --block-size,
     # --enable-prefix-caching, --gpu-memory-utilization).
     kv_cache_memory: int | None = field(default=None, metadata={
@@ -80,6 +85,7 @@ def check_kv_settings(cfg: BackendConfig) -> None:
         raise ConfigError(f"--block-size must be >= 1, got {cfg.block_size}")
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
+    check_quantization(cfg.quantization)
 
 
 def cpu_threads(requested: int) -> int:
@@ -139,7 +145,7 @@ class Backend:
                                   lean_forward=cfg.lean_forward, kv_cache_memory=cfg.kv_cache_memory,
                                   block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
                                   gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                  batch_invariant=cfg.batch_invariant)
+                                  batch_invariant=cfg.batch_invariant, quantization=cfg.quantization)
         if self.role == "draft":
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)

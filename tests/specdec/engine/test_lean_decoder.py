@@ -101,7 +101,7 @@ def test_lean_forward_equals_transformers(arch, over, role, dtype):
     """A prefill, a multi-token pass, a one-token pass and a padded batch (lean vs transformers, same model)."""
     lm = _lm(_tiny(arch, **over), dtype)
     hf = ModelRunner(lm, 256, role=role, lean_forward=False)
-    lean = ModelRunner(lm, 256, role=role, lean_forward=True)
+    lean = ModelRunner(lm, 256, role=role, lean_forward=True, quantization="none")  # a draft's default is int8
     assert hf.net is lm.model and isinstance(lean.net, LeanGemma3Decoder if arch == "gemma3" else LeanDecoder)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.05, atol=0.15)
     for x, y in zip(_passes(hf), _passes(lean)):
@@ -143,7 +143,8 @@ def test_lean_forward_without_onednn_matmuls(use_onednn):
 def test_lean_forward_with_padded_short_queries():
     """min_query_tokens pads a pass with copies of its last token; the lean pass drops them like transformers'."""
     lm = _lm(_tiny("llama"))
-    out = [_passes(ModelRunner(lm, 256, role="draft", lean_forward=lean, min_query_tokens=4)) for lean in (False, True)]
+    out = [_passes(ModelRunner(lm, 256, role="draft", lean_forward=lean, min_query_tokens=4,
+                                   quantization="none")) for lean in (False, True)]
     for x, y in zip(*out):
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-4)
 

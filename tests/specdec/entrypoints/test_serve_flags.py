@@ -106,7 +106,7 @@ def test_speculative_config_keys_reach_the_parts():
     spec = {"method": "draft_model", "model": "d", "num_speculative_tokens": 5, "draft_sample_method": "probabilistic",
             "use_heterogeneous_vocab": True, "tli_proposals": "intersection", "max_model_len": 99, "revision": "r1",
             "prompt_lookup_max": 5, "prompt_lookup_min": 3, "disable_by_batch_size": 4, "adaptive_k": True,
-            "overlap": True}
+            "overlap": True, "quantization": "none"}
     assert set(spec) == set(SpeculativeConfig.valid_keys())
     cfg, resolved = _serve(["t", "--speculative-config", json.dumps(spec), "--max-model-len", "120"])
     target, draft, gateway = part_configs(cfg, resolved, "t")

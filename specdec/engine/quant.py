@@ -1,0 +1,125 @@
+"""Quantized products for the lean forward: W8A8 int8 (CPU and CUDA) and fp8 (CUDA, compute capability 8.9+).
+
+A decoder pass over a few tokens reads every weight once, so its cost follows the weights' bytes. int8
+weights are a quarter of fp32's, and with int8 activations too the product runs on the integer units (AMX or
+VNNI on x86, IMMA on NVIDIA). Measured on 2 cores (the 120 decoder products of SmolLM2-135M, torch 2.13,
+2 threads, best of 7; see ``benchmarks/bench_quantization.py`` for whole passes):
+
+* AMD EPYC, avx2 only (from the quantization issue): fp32 ``F.linear`` 38-83 ms for 1-16 rows, bf16 22-32,
+  int8 ``torch._int_mm`` with per-token activations 15-38; torch's weight-only int8/int4 kernels 59-1655 ms,
+  which is not a path on CPU.
+* Intel Xeon with AMX (this project's machine): ``torch._int_mm`` reads its int8 weight 3.7x faster as a
+  transposed view of the ``[out, in]`` matrix than as a contiguous ``[in, out]`` one (13 vs 48 us for the
+  3,072 x 576 gate|up product, one row), so the weight is kept ``[out, in]`` and passed as ``.t()``.
+  ``torch._scaled_mm`` on fp8 runs on CPU but ~100x slower than int8: fp8 is a CUDA mode only.
+
+The scheme (what SmoothQuant and vLLM's ``w8a8`` int8 use): weights int8 per output channel (symmetric,
+scale = max |w| / 127 of the row), activations int8 per token (each row's own scale, computed in the pass),
+int32 accumulation, the two scales applied after. Optionally a per-input-channel smoothing vector ``s``
+(SmoothQuant): the weight's columns are multiplied by ``s`` and the activations divided by it, which moves
+activation outliers into the weights, where per-channel scales absorb them (``specdec.engine.quant_plan``
+calibrates ``s``).
+
+**Batch invariance comes for free**: an int8 x int8 product accumulated in int32 is exact, so its result does
+not depend on the kernel, the blocking or the order of the sum, and the per-row scales involve only that row.
+A row's output is the same bits in any pass whatever its shape (``tests/specdec/engine/test_quant.py``),
+without the fixed-tile products the fp formulations need (:mod:`specdec.engine.lean_linear`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.config import QUANTIZATIONS
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+_FP8_MAX = 448.0
+
+
+def quantization_unavailable(quantization: str, device: torch.device | str) -> str | None:
+    """Why ``quantization`` cannot run on ``device`` (None: it can)."""
+    device = torch.device(device)
+    if quantization not in QUANTIZATIONS:
+        return f"unknown quantization {quantization!r}; use one of {list(QUANTIZATIONS)}"
+    if quantization == "fp8":
+        if device.type != "cuda":
+            return "fp8 runs on CUDA only (torch's fp8 product on CPU is ~100x slower than int8: use int8)"
+        if _FP8 is None or torch.cuda.get_device_capability(device) < (8, 9):
+            return "fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper): use int8"
+    if quantization == "int8" and device.type not in ("cpu", "cuda"):
+        return f"no int8 products on {device.type}"
+    return None
+
+
+def quantize_weight(weight: torch.Tensor, smooth: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [out, in] int8 or fp8, scale [out] fp32): ``weight * smooth`` per output row, symmetric."""
+    w = weight.detach().float()
+    if smooth is not None:
+        w = w * smooth.float()
+    peak = w.abs().amax(dim=1).clamp_min(1e-12)
+    if dtype == torch.int8:
+        scale = peak / 127.0
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    else:
+        scale = peak / _FP8_MAX
+        q = (w / scale[:, None]).clamp_(-_FP8_MAX, _FP8_MAX).to(dtype)
+    return q.contiguous(), scale
+
+
+def quantize_rows(x: torch.Tensor, inv_smooth: torch.Tensor | None = None,
+                  dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [m, in], scale [m, 1] fp32): each row of ``x * inv_smooth`` with its own symmetric scale."""
+    xs = x.float()
+    if inv_smooth is not None:
+        xs = xs * inv_smooth
+    peak = xs.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)
+    if dtype == torch.int8:
+        scale = peak / 127.0
+        return torch.round(xs / scale).clamp_(-127, 127).to(torch.int8), scale
+    scale = peak / _FP8_MAX
+    return (xs / scale).clamp_(-_FP8_MAX, _FP8_MAX).to(dtype), scale
+
+
+class QuantLinear:
+    """``F.linear(x, weight, bias)`` as a W8A8 product (int8, or fp8 on CUDA): see the module.
+
+    Built from the float weight (quantized here) or from ``q`` and ``scale`` made earlier (a cache).
+    ``smooth``: the SmoothQuant vector of the input channels (None: none). Called like ``LeanLinear``.
+    """
+
+    def __init__(self, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 smooth: torch.Tensor | None = None, kind: str = "int8",
+                 q: torch.Tensor | None = None, scale: torch.Tensor | None = None):
+        if kind not in ("int8", "fp8"):
+            raise ValueError(f"QuantLinear kind must be int8 or fp8, got {kind!r}")
+        self.kind = kind
+        self.qdtype = torch.int8 if kind == "int8" else _FP8
+        if q is None:
+            if weight is None:
+                raise ValueError("QuantLinear needs a weight, or q and scale")
+            q, scale = quantize_weight(weight, smooth, self.qdtype)
+        self.q = q  # [out, in]: passed to the product as .t(), a column-major [in, out] (the fast layout)
+        self.scale = scale.float().view(1, -1)  # [1, out]
+        self.smooth = None if smooth is None else smooth.float()
+        self.inv_smooth = None if smooth is None else (1.0 / self.smooth).view(1, -1)
+        self.bias = bias
+        self.out_features = int(q.shape[0])
+        self.in_features = int(q.shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        xq, xscale = quantize_rows(rows, self.inv_smooth, self.qdtype)
+        if x.device.type == "cuda":  # cuBLASLt: int8 wants more than 16 rows, fp8 rows a multiple of 16
+            pad = max(32, -(-n // 16) * 16) - n
+            if pad:
+                xq = torch.cat([xq, xq.new_zeros((pad, xq.shape[1]))])
+                xscale = torch.cat([xscale, xscale.new_ones((pad, 1))])
+        if self.kind == "fp8":  # row-wise scales: bf16 out (what cuBLASLt supports with them)
+            out = torch._scaled_mm(xq, self.q.t(), scale_a=xscale, scale_b=self.scale, out_dtype=torch.bfloat16)
+            out = out[:n].to(x.dtype)
+        else:
+            out = (torch._int_mm(xq, self.q.t())[:n].float() * xscale[:n] * self.scale).to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
