@@ -116,10 +116,9 @@ class QuantLinear:
                 xq = torch.cat([xq, xq.new_zeros((pad, xq.shape[1]))])
                 xscale = torch.cat([xscale, xscale.new_ones((pad, 1))])
         if self.kind == "fp8":  # row-wise scales: bf16 out (what cuBLASLt supports with them)
-            out = torch._scaled_mm(xq, self.q.t(), scale_a=xscale, scale_b=self.scale, out_dtype=torch.bfloat16)
-            out = out[:n].to(x.dtype)
+            out = torch._scaled_mm(xq, self.q.t(), scale_a=xscale, scale_b=self.scale, out_dtype=torch.bfloat16)[:n]
         else:
-            out = (torch._int_mm(xq, self.q.t())[:n].float() * xscale[:n] * self.scale).to(x.dtype)
+            out = torch._int_mm(xq, self.q.t())[:n].float() * xscale[:n] * self.scale
         if self.bias is not None:
             out = out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)

@@ -27,25 +27,26 @@ def lm(request, target_dir):
     return load_model(str(target_dir), dtype=request.param)
 
 
-def _runner(lm, invariant, **kw):
-    return ModelRunner(lm, 512, role="target", batch_invariant=invariant, enable_prefix_caching=False, **kw)
+def _runner(lm, invariant, quantization="none", **kw):
+    return ModelRunner(lm, 512, role="target", batch_invariant=invariant, enable_prefix_caching=False,
+                       quantization=quantization, **kw)
 
 
-def _alone(lm, invariant):
+def _alone(lm, invariant, quantization="none"):
     """The logits of each position of CONT by target-alone decoding: the prompt, then one token a pass."""
-    r = _runner(lm, invariant)
+    r = _runner(lm, invariant, quantization)
     seq = r.get_or_create("a", None)
     out = [r.forward(seq, PROMPT)[-1]]
     out += [r.forward(seq, [t])[-1] for t in CONT[:-1]]
     return torch.stack(out)
 
 
-def _in_company(lm, invariant, n, batch, place=0, chunk=None):
+def _in_company(lm, invariant, n, batch, place=0, chunk=None, quantization="none"):
     """The same positions scored n tokens a pass, the sequence at ``place`` in a batch of ``batch`` whose
     other sequences have other context lengths and feed 1-3 tokens each pass; ``chunk``: the prompt is
     prefilled in chunks of at most that many tokens (max_num_batched_tokens)."""
     kw = {"max_num_batched_tokens": chunk} if chunk else {}
-    r = _runner(lm, invariant, **kw)
+    r = _runner(lm, invariant, quantization, **kw)
     others = [r.get_or_create(f"o{i}", None) for i in range(batch - 1)]
     for i, o in enumerate(others):
         r.forward(o, _ids(5 + 23 * i, 10 + i))
@@ -70,6 +71,12 @@ def _in_company(lm, invariant, n, batch, place=0, chunk=None):
 @pytest.mark.parametrize("batch, place", [(1, 0), (3, 1), (8, 7)])
 def test_logits_are_the_same_bits_in_any_pass(lm, n, batch, place):
     assert torch.equal(_in_company(lm, True, n, batch, place), _alone(lm, True))
+
+
+@pytest.mark.parametrize("n, batch, place", [(1, 1, 0), (5, 3, 1), (8, 8, 7)])
+def test_int8_passes_are_the_same_bits_in_any_pass(lm, n, batch, place):
+    """int8 products need no fixed tiles: their integer sums are exact (specdec.engine.quant)."""
+    assert torch.equal(_in_company(lm, True, n, batch, place, quantization="int8"), _alone(lm, True, "int8"))
 
 
 def test_a_chunked_prompt_gives_the_same_bits(lm):
