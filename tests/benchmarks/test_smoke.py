@@ -465,3 +465,20 @@ def test_smoke_batch_invariant(tmp_path):
     assert [p["pass"] for p in data["passes"]] == ["1 token", "3 tokens", "8 seqs x 3 tokens", "prefill 256"]
     assert all(p["off ms"] > 0 and p["on ms"] > 0 for p in data["passes"])
     assert "on/off" in proc.stdout and "spec==alone on" in proc.stdout
+
+
+def test_smoke_quantization(tmp_path):
+    out = tmp_path / "quantization.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_quantization.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [p["mode"] for p in data["passes"]] == ["float32", "bfloat16", "int8"]
+    assert all(p[f"{n} token ms"] > 0 for p in data["passes"] for n in (1, 4, 16))
+    assert [r["mode"] for r in data["perplexity"]] == ["float32", "bfloat16", "int8"]
+    assert all(r["perplexity"] > 1 and r["tokens"] > 0 for r in data["perplexity"])
+    rows = {(r["setup"], r["set"]): r for r in data["served"]}
+    assert len(rows) == 7 * 3 and all(r["tokens/s"] > 0 for r in rows.values())
+    # every speculative row is lossless against its own target alone (int8 rows against the int8 target)
+    assert all(r["identical"] for r in rows.values() if r["vs its target alone"] is not None)
+    assert "int8_perplexity_within_2pct" in " ".join(data["goals"])
