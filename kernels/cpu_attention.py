@@ -8,90 +8,30 @@ So a position's attention output is bitwise the same in a one-token decode, a ve
 or a batch of 8, and does not depend on the thread count. The chunks also spread one long sequence over
 every core (torch's CPU flash attention splits the work by head only).
 
-The kernel is compiled on first use with the machine's C compiler (``$CC``, else ``cc``/``gcc``) for this
-CPU (``-O3 -march=native``) into ``$SPECDEC_CACHE/kernels`` (keyed by the source, the compiler and the CPU's
-flags), then loaded with ctypes: no Python headers, no torch headers, about a second. ``available()`` says
-whether that worked and why not.
+The kernel is compiled on first use for this CPU and loaded with ctypes (``kernels.cpu_build``: about a
+second, cached in ``$SPECDEC_CACHE/kernels``). ``available()`` says whether that worked and why not.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from kernels.cpu_build import KernelUnavailable, build
+
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention_cpu.c"
 CHUNK = 512  # keys per chunk: a query's keys are reduced in chunks at multiples of this position
 _I32, _I64, _F32, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
-class KernelUnavailable(RuntimeError):
-    """The C kernel could not be built or loaded here (no compiler, an unsupported CPU or OS)."""
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compiler() -> str | None:
-    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if cc and shutil.which(cc):
-            return cc
-    return None
-
-
-def _cache_dir() -> Path:
-    from specdec.engine.models import cache_root
-
-    return cache_root() / "kernels"
-
-
 @functools.cache
 def _library() -> ctypes.CDLL:
-    cc = _compiler()
-    if cc is None:
-        raise KernelUnavailable("no C compiler found (set $CC, or install gcc) to build the CPU attention kernel")
-    source = SOURCE.read_bytes()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-fopenmp"]
-    key = hashlib.sha256(b"\0".join([source, " ".join([cc, *version, *flags]).encode(), _cpu_flags().encode()]))
-    target = _cache_dir() / f"paged_attention_cpu-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        for directory in (target.parent, Path(tempfile.gettempdir()) / "specdec-kernels"):
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
-                os.close(fd)
-                break
-            except OSError:
-                continue
-        else:
-            raise KernelUnavailable(f"no writable directory for the compiled kernel ({target.parent})")
-        run = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
-        if run.returncode != 0:
-            os.unlink(tmp)
-            raise KernelUnavailable(f"{cc} could not build {SOURCE.name}: {run.stderr.strip()[-500:]}")
-        target = Path(tmp).with_name(target.name)
-        os.replace(tmp, target)  # atomic: a concurrent build by another process is the same file
-        logger.info("built the CPU attention kernel: %s", target)
-    lib = ctypes.CDLL(str(target))
+    lib = build("paged_attention_cpu", ["-fopenmp"], "CPU attention kernel")
     fn = lib.paged_attention
     fn.restype = _I32
     fn.argtypes = [_P, _P, _P, _I32, _I64, _P, _I32, _P, _P, _P, _P, _I32, _I32, _I32, _I32, _I32, _I32, _I32,

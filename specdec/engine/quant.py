@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import cpu_quantize
 from specdec.config import QUANTIZATIONS
 _FP8 = getattr(torch, "float8_e4m3fn", None)
 _FP8_MAX = 448.0
@@ -129,12 +130,18 @@ class QuantLinear:
         self.in_features = int(q.shape[1])
         self.packed = onednn_pack(q) if kind == "int8" and q.device.type == "cpu" else None
         self._zero_points = torch.zeros(self.out_features, dtype=torch.long) if self.packed is not None else None
+        self.fused_quantize = self.packed is not None and cpu_quantize.available()  # one C call (kernels.cpu_quantize)
+        if self.inv_smooth is not None:
+            self.inv_smooth = self.inv_smooth.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
         if self.packed is not None:  # oneDNN, weight prepacked: activations u8 = q + 128 (zero point 128)
-            xq, xscale = quantize_rows(rows, self.inv_smooth, torch.uint8)
+            if self.fused_quantize and rows.dtype in (torch.float32, torch.bfloat16):
+                xq, xscale = cpu_quantize.quantize_rows_u8(rows, self.inv_smooth)
+            else:
+                xq, xscale = quantize_rows(rows, self.inv_smooth, torch.uint8)
             out = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, self.packed, self.scale.view(-1), self._zero_points,
                                                      None, 1.0, 0, torch.float32, "none", [], "") * xscale
             if self.bias is not None:
