@@ -24,6 +24,9 @@ print(f"torch {torch.__version__}, triton {triton.__version__}, CUDA available: 
 PY
 mkdir -p bench_results
 python -m pytest tests/kernels -q -rs    # the kernel tests natively on the GPU, the cuda-marked ones included
+# every other cuda-marked test: batch-invariant passes, seeded sampling, int8 (torch._int_mm) and fp8
+# (torch._scaled_mm, compute capability 8.9+) products and an int8 target's lossless speculation
+python -m pytest tests/specdec -m cuda -q -rs
 SMOKE_FLAG=()
 [[ "${SMOKE:-0}" == "1" ]] && SMOKE_FLAG=(--smoke)
 python benchmarks/bench_kernels.py "${SMOKE_FLAG[@]}" --out bench_results/bench_kernels.json

@@ -170,3 +170,29 @@ def test_int8_target_speculation_equals_the_int8_target_alone(target_dir, good_d
     outs = llm.generate(PROMPTS, _greedy())
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone]
     assert sum(o.spec_decode_stats.num_accepted_tokens for o in outs) > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_cuda_products(kind):
+    """On the GPU: ``torch._int_mm`` (rows padded to cuBLASLt's shapes) and fp8 ``torch._scaled_mm`` with
+    row-wise scales; close to the float product, and a row's bits do not depend on the batch."""
+    if kind == "fp8" and quantization_unavailable("fp8", "cuda"):
+        pytest.skip(quantization_unavailable("fp8", "cuda"))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(1024, 576, device="cuda", generator=g) * 0.02
+    x = torch.randn(37, 576, device="cuda", generator=g).bfloat16()
+    lin = QuantLinear(w, kind=kind, smooth=torch.rand(576, device="cuda", generator=g) + 0.5)
+    out = lin(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (37, 1024)
+    assert _rel_err(out.float(), F.linear(x.float(), w)) < (0.03 if kind == "int8" else 0.08)
+    if kind == "int8":  # exact integer sums
+        assert all(torch.equal(lin(x[i:i + n]), out[i:i + n]) for i, n in ((0, 1), (5, 3), (20, 17)))
+
+
+@pytest.mark.cuda
+def test_cuda_int8_target_is_lossless(target_dir, good_draft_dir, spec):
+    alone = LLM(str(target_dir), device="cuda", quantization="int8").generate(PROMPTS, _greedy())
+    llm = LLM(str(target_dir), device="cuda", quantization="int8", speculative_config=spec(good_draft_dir, 3))
+    outs = llm.generate(PROMPTS, _greedy())
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone]
