@@ -8,10 +8,12 @@ VNNI on x86, IMMA on NVIDIA). Measured on 2 cores (the 120 decoder products of S
 * AMD EPYC, avx2 only (from the quantization issue): fp32 ``F.linear`` 38-83 ms for 1-16 rows, bf16 22-32,
   int8 ``torch._int_mm`` with per-token activations 15-38; torch's weight-only int8/int4 kernels 59-1655 ms,
   which is not a path on CPU.
-* Intel Xeon with AMX (this project's machine): ``torch._int_mm`` reads its int8 weight 3.7x faster as a
-  transposed view of the ``[out, in]`` matrix than as a contiguous ``[in, out]`` one (13 vs 48 us for the
-  3,072 x 576 gate|up product, one row), so the weight is kept ``[out, in]`` and passed as ``.t()``.
-  ``torch._scaled_mm`` on fp8 runs on CPU but ~100x slower than int8: fp8 is a CUDA mode only.
+* AMD EPYC with avx512 (VNNI, bf16), no AMX (this session's machine): ``torch._int_mm`` reads its int8 weight
+  3.7x faster as a transposed view of the ``[out, in]`` matrix than as a contiguous ``[in, out]`` one (13 vs
+  48 us for the 3,072 x 576 gate|up product, one row), but reorders it on every call: 3.8 ms for the 120
+  products at one row, ~10 ms at 2-16 rows. oneDNN's int8 product on a weight packed once
+  (:func:`onednn_pack`) takes 4.9 ms at one row and 6.6 ms at 16, so that is the CPU path; ``_int_mm`` is
+  the fallback. ``torch._scaled_mm`` on fp8 runs on CPU but ~100x slower than int8: fp8 is a CUDA mode only.
 
 The scheme (what SmoothQuant and vLLM's ``w8a8`` int8 use): weights int8 per output channel (symmetric,
 scale = max |w| / 127 of the row), activations int8 per token (each row's own scale, computed in the pass),
@@ -87,10 +89,11 @@ def quantize_rows(x: torch.Tensor, inv_smooth: torch.Tensor | None = None,
 def onednn_pack(q: torch.Tensor) -> torch.Tensor | None:
     """``q`` [out, in] int8 reordered for oneDNN's int8 product, or None where this torch lacks it.
 
-    ``torch._int_mm`` reorders its weight on every call: measured here (AMX), the 120 decoder products of
-    SmolLM2 take 3.8 ms for one row but ~10 ms for 2-16 rows; prepacked (``onednn::qlinear_pointwise``, what
-    torch's compiler uses for x86 int8 linears) 4.9 ms for one row, 6.6 ms for 16. Its fast kernels take u8
-    activations (s8 ones run a reference path, ~200x slower), hence the zero point of 128.
+    ``torch._int_mm`` reorders its weight on every call: measured here (AMD EPYC, avx512 VNNI), the 120 decoder
+    products of SmolLM2 take 3.8 ms for one row but ~10 ms for 2-16 rows; prepacked (``onednn::qlinear_pointwise``,
+    what torch's compiler uses for x86 int8 linears) 4.9 ms for one row, 6.6 ms for 16. Its fast kernels take
+    u8 activations (s8 ones run a reference path, ~200x slower), hence the zero point of 128. The sums are
+    int32 either way, so both give the same bits.
     """
     try:
         packed = torch.ops.onednn.qlinear_prepack(q, [4, q.shape[1]])
