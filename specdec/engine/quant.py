@@ -93,7 +93,7 @@ def onednn_pack(q: torch.Tensor) -> torch.Tensor | None:
     products of SmolLM2 take 3.8 ms for one row but ~10 ms for 2-16 rows; prepacked (``onednn::qlinear_pointwise``,
     what torch's compiler uses for x86 int8 linears) 4.9 ms for one row, 6.6 ms for 16. Its fast kernels take
     u8 activations (s8 ones run a reference path, ~200x slower), hence the zero point of 128. The sums are
-    int32 either way, so both give the same bits.
+    exact int32 either way (each path batch-invariant); the two apply the scales in another order.
     """
     try:
         packed = torch.ops.onednn.qlinear_prepack(q, [4, q.shape[1]])
