@@ -98,7 +98,13 @@ def model_facts(name: str | None, dtype: str) -> dict | None:
 
     folder = Path(resolve_model_path(name)[0])
     cfg = AutoConfig.from_pretrained(folder).get_text_config()
-    size = torch.empty((), dtype=getattr(torch, "float32" if dtype == "auto" else dtype)).element_size()
+    if dtype == "auto":  # what the services load on CPU: the dtype measured faster here (cached)
+        from specdec.engine.dtype_choice import cpu_auto_dtype
+
+        inter = getattr(cfg, "intermediate_size", None)
+        size = (cpu_auto_dtype(cfg.hidden_size, inter) if inter else torch.float32).itemsize
+    else:
+        size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     params = 0

@@ -109,7 +109,9 @@ class LLM:
         seeded_sampling: str = DEFAULT_SEEDED_SAMPLING,
         quantization: str | None = DEFAULT_QUANTIZATION,
     ):
-        """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA, float32 on CPU. ``kernels``:
+        """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA; on CPU the faster of float32 and
+        bfloat16 on this machine, measured once and cached (``specdec.engine.dtype_choice``; the environment
+        variable ``SPECDEC_DTYPE_AUTO=float32|bfloat16`` pins it); an explicit dtype is used as given. ``kernels``:
         "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
         ``lean_forward``: run both models through specdec's lean forward where their architecture allows
         (default: yes, ``specdec.engine.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward.

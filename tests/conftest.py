@@ -27,6 +27,13 @@ from pathlib import Path
 import pytest
 import torch
 
+# ``--dtype auto`` on CPU picks the faster of float32 and bfloat16 by measuring this machine
+# (specdec.engine.dtype_choice). The suite compares against float32 references (HF generate, exact
+# token equality), so it pins auto to float32 for every test and every process a test starts (they
+# inherit the environment). tests/specdec/engine/test_dtype_choice.py tests the measurement itself,
+# with monkeypatch.delenv. A value already in the environment wins.
+os.environ.setdefault("SPECDEC_DTYPE_AUTO", "float32")
+
 # The CI/dev machines are small and shared; intra-op threads fighting over 2 cores make every tiny
 # forward pass 10x slower. One thread is fast and deterministic. Override with SPECDEC_TEST_THREADS.
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
@@ -272,10 +279,13 @@ def cached_model_loading():
         yield
         return
     import specdec.llm
-    from specdec.engine.models import load_model, parse_dtype
+    from specdec.engine.dtype_choice import pinned_dtype
+    from specdec.engine.models import is_auto_dtype, load_model, parse_dtype
 
     def cached_load_model(name, dtype=None, device="cpu", revision=None):
-        key = (str(name), parse_dtype(dtype, device), str(device), revision)
+        # auto is what SPECDEC_DTYPE_AUTO pins (float32, above); unpinned, a measured auto is an entry of its own
+        auto = is_auto_dtype(dtype) and pinned_dtype() is None
+        key = (str(name), "auto" if auto else parse_dtype(dtype, device), str(device), revision)
         if key not in _LOADED:
             _LOADED[key] = load_model(name, dtype=dtype, device=device, revision=revision)
         return _LOADED[key]

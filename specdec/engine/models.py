@@ -83,12 +83,24 @@ DTYPES = {
 }
 
 
+def is_auto_dtype(dtype: str | torch.dtype | None) -> bool:
+    return dtype is None or (isinstance(dtype, str) and dtype.strip().lower() == "auto")
+
+
 def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "cpu") -> torch.dtype:
-    """``None``/``"auto"`` means float32 on CPU (exact; bf16 is opt-in there) and bfloat16 on CUDA."""
+    """An explicit dtype as named. ``None``/``"auto"``: bfloat16 on CUDA; on CPU, without a model to measure,
+    ``$SPECDEC_DTYPE_AUTO`` where an operator pinned it, else float32. :func:`load_model` resolves a CPU
+    ``auto`` by measurement instead (:mod:`specdec.engine.dtype_choice`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if is_auto_dtype(dtype):
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16
+        if torch.device(device).type == "cpu":
+            from specdec.engine.dtype_choice import pinned_dtype
+
+            return pinned_dtype() or torch.float32
+        return torch.float32
     try:
         return DTYPES[str(dtype).lower()]
     except KeyError:
@@ -362,8 +374,10 @@ def load_model(
 ) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = parse_dtype(dtype, device)
+    torch_dtype = parse_dtype(dtype, device)  # an unknown name fails before any loading
     path, kwargs = resolve_model_path(name, revision)
+    if is_auto_dtype(dtype) and torch.device(device).type == "cpu":
+        torch_dtype = _cpu_auto_dtype(path, kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     with model_construction():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
@@ -389,6 +403,28 @@ def load_model(
         eos_token_ids=frozenset(eos),
         draft_vocab=load_draft_vocab(path, int(model.get_output_embeddings().weight.shape[0])),
     )
+
+
+def _cpu_auto_dtype(path: str, kwargs: dict[str, Any]) -> torch.dtype:
+    """``auto`` on CPU: the faster of float32 and bfloat16 for this model's size on this machine (measured
+    once and cached; :mod:`specdec.engine.dtype_choice`), unless ``$SPECDEC_DTYPE_AUTO`` pins it."""
+    from transformers import AutoConfig
+
+    from specdec.engine import dtype_choice
+
+    pin = dtype_choice.pinned_dtype()
+    if pin is not None:
+        logger.info("dtype auto: %s", dtype_choice.DtypeChoice(pin, "pinned").describe())
+        return pin
+    text = AutoConfig.from_pretrained(path, **kwargs).get_text_config()
+    hidden, intermediate = getattr(text, "hidden_size", None), getattr(text, "intermediate_size", None)
+    if not (isinstance(hidden, int) and isinstance(intermediate, int) and hidden > 0 and intermediate > 0):
+        logger.info("dtype auto: float32 (%s's config has no hidden_size / intermediate_size to measure by)", path)
+        return torch.float32
+    with _CONSTRUCTION_LOCK:  # not while this process builds another model: that would skew the timings
+        choice = dtype_choice.cpu_auto_choice(hidden, intermediate)
+    logger.info("dtype auto: %s", choice.describe())
+    return choice.dtype
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"

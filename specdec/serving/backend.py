@@ -37,7 +37,10 @@ class BackendConfig:
 
     model: str = field(default=DEFAULT_TARGET, metadata={"help": "model: built-in name, HF folder, .gguf or hub id"})
     revision: str | None = field(default=None, metadata={"help": "hub revision"})
-    dtype: str = field(default="auto", metadata={"help": "float32 or bfloat16 (auto: bfloat16 on CUDA, float32 on CPU)"})
+    dtype: str = field(default="auto", metadata={
+        "help": "float32 or bfloat16 (auto: bfloat16 on CUDA; on CPU the faster of float32 and bfloat16 here, measured "
+                "once and cached in $SPECDEC_CACHE/dtype_auto.json; SPECDEC_DTYPE_AUTO=float32|bfloat16 pins it, "
+                "SPECDEC_DTYPE_AUTO_CACHE=0 measures again)"})
     device: str = field(default="cpu", metadata={"help": "torch device: cpu, cuda or cuda:N"})
     kernels: str | None = field(default=None, metadata={
         "help": "verification kernels: auto (Triton on CUDA, torch on CPU), triton (on a CPU: Triton's interpreter, "
