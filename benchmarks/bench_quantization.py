@@ -6,8 +6,9 @@ Side by side in one run, greedy, on the embedded target (SmolLM2-135M-Instruct, 
    ``specdec/assets/prompts/drafting.json`` through the chat template, every row back to back per prompt,
    rotating, best of ``--repeats``):
      * the target alone in float32, bfloat16 and int8 (``--quantization int8``);
-     * the default pair (hybrid drafting, the draft int8 by default) and the same pair with the draft
-       unquantized (``"quantization": "none"``), float32 target: the draft default's before/after;
+     * the target as ``specdec serve`` runs it (``--dtype auto``: the faster of float32 and bfloat16 here,
+       measured), alone, with the default pair (hybrid drafting, the draft int8 by default) and with the same
+       pair's draft unquantized (``"quantization": "none"``): the draft default's before/after;
      * the int8 target with n-gram drafting (k=4, lookup 2-4) and with the default hybrid draft.
    "identical" compares each row with the target alone in the same mode (what lossless means for it).
 2. **llama.cpp** (``llamacpp_peer``: llama-cpp-python on the same GGUF file, same messages through the
@@ -57,9 +58,10 @@ def stacks_of(args) -> dict[str, dict]:
         "method": "draft_model", "model": args.draft, "num_speculative_tokens": 1, "prompt_lookup_max": 3}
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     out = {f"target {m}": (dict(kw), None) for m, kw in MODES.items()}
-    out["default pair (draft int8)"] = (dict(dtype="float32", speculative_config=pair), "target float32")
-    out["default pair, draft unquantized"] = (dict(dtype="float32", speculative_config={**pair, "quantization": "none"}),
-                                             "target float32")
+    out["target auto"] = (dict(dtype="auto"), None)  # what `specdec serve` runs: the measured dtype
+    out["default pair (draft int8)"] = (dict(dtype="auto", speculative_config=pair), "target auto")
+    out["default pair, draft unquantized"] = (dict(dtype="auto", speculative_config={**pair, "quantization": "none"}),
+                                             "target auto")
     out["int8 target + n-gram k=4"] = (dict(MODES["int8"], speculative_config=ngram), "target int8")
     out["int8 target + default draft"] = (dict(MODES["int8"], speculative_config=pair), "target int8")
     return out

@@ -478,7 +478,7 @@ def test_smoke_quantization(tmp_path):
     assert [r["mode"] for r in data["perplexity"]] == ["float32", "bfloat16", "int8"]
     assert all(r["perplexity"] > 1 and r["tokens"] > 0 for r in data["perplexity"])
     rows = {(r["setup"], r["set"]): r for r in data["served"]}
-    assert len(rows) == 7 * 3 and all(r["tokens/s"] > 0 for r in rows.values())
+    assert len(rows) == 8 * 3 and all(r["tokens/s"] > 0 for r in rows.values())
     # every speculative row is lossless against its own target alone (int8 rows against the int8 target)
     assert all(r["identical"] for r in rows.values() if r["vs its target alone"] is not None)
     assert "int8_perplexity_within_2pct" in " ".join(data["goals"])
