@@ -127,8 +127,8 @@ def llama_rows(args, messages, sets, gguf) -> list[dict]:
     for lookup in (False, True):
         for set_name, idx in sets.items():
             m = measure(gguf, [messages[i] for i in idx], args.max_tokens, threads, prompt_lookup=lookup,
-                        repeats=args.repeats)
-            rows.append({"setup": "llama.cpp" + (" + prompt lookup" if lookup else ""), "set": set_name,
+                        num_pred_tokens=4, repeats=args.repeats)  # k=4: specdec's n-gram row's
+            rows.append({"setup": "llama.cpp" + (" + prompt lookup k=4" if lookup else ""), "set": set_name,
                          "tokens/s": m["tokens_per_s"], "tokens": m["tokens"]})
     return rows
 
