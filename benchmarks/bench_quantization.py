@@ -161,12 +161,13 @@ def perplexity_rows(args) -> list[dict]:
             base = None
             for mode, kw in MODES.items():
                 lm = load_model(model, dtype=kw["dtype"])
-                plan = build_plan(lm, "int8")[0] if kw.get("quantization") else None
+                plan = build_plan(lm, "int8")[0] if kw.get("quantization") else None  # as a target's
                 net = lean_decoder(lm.model, quant=plan)
                 res = text_perplexity(net, lm.tokenizer, text, max_tokens=args.ppl_tokens)
                 base = base or res["perplexity"]
                 rows.append({"model": model, "mode": mode, "perplexity": res["perplexity"], "tokens": res["tokens"],
-                             "vs float32": res["perplexity"] / base - 1})
+                             "vs float32": res["perplexity"] / base - 1,
+                             "note": plan.describe().strip(" ()") if plan is not None else None})
                 del net, lm
         except Exception as exc:  # e.g. Gemma's pip packages missing
             rows.append({"model": model, "mode": "-", "note": f"{type(exc).__name__}: {exc}"[:200]})

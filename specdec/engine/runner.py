@@ -168,8 +168,9 @@ class ModelRunner:
         if lean_forward:
             reason = unsupported_reason(lm.model)
             if reason is None:
+                # a target's settings are chosen by the perplexity they keep; a draft's change only its acceptance
                 plan, cache_file = (None, None) if self.quantization == "none" else build_plan(
-                    lm, self.quantization, self.vocab_subset)
+                    lm, self.quantization, self.vocab_subset, evaluate=role == "target" and self.vocab_subset is None)
                 self.net = lean_decoder(lm.model, self.vocab_subset, batch_invariant=self.batch_invariant, quant=plan)
                 save_plan(plan, cache_file)
             else:

@@ -85,7 +85,7 @@ EVERY_CONFIG = {
                           "sequence_ttl_seconds": 600.5, "max_batch_size": 8, "batch_wait_ms": 0,
                           "num_threads": 2, "lean_forward": False, "kv_cache_memory": 4294967296,
                           "block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.85,
-                          "seeded_sampling": "rejection", "batch_invariant": True}},
+                          "seeded_sampling": "rejection", "batch_invariant": True, "quantization": "int8"}},
 }
 
 CASES = {
@@ -96,7 +96,8 @@ CASES = {
                         {"gateway": {"apiKey": {"value": API_KEY}},
                          "speculativeConfig": {"max_model_len": 4096, "revision": "v1",
                                                "draft_sample_method": "probabilistic",
-                                               "tli_proposals": "intersection", "adaptive_k": True},
+                                               "tli_proposals": "intersection", "adaptive_k": True,
+                                               "quantization": "none"},
                          "networkPolicy": {"gatewayFrom": [{"namespaceSelector": {"matchLabels": {
                              "kubernetes.io/metadata.name": "apps"}}}]}}),
 }
@@ -426,6 +427,7 @@ def test_the_cli_reads_the_containers_settings(case, monkeypatch):
     assert draft.target_tokenizer == (target.model if spec["use_heterogeneous_vocab"] else None)
     assert draft.tli_proposals == spec["tli_proposals"]
     assert draft.revision == spec["revision"]
+    assert draft.quantization == spec["quantization"]  # null: the draft's default (int8)
     assert gateway.max_model_len == draft.max_model_len == target.max_model_len == spec["max_model_len"]
     assert gateway.api_key == ([API_KEY] if values["gateway"]["apiKey"]["value"]
                                or values["gateway"]["apiKey"]["existingSecret"] else [])

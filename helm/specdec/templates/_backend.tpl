@@ -86,6 +86,10 @@ spec:
             - name: SPECDEC_DRAFT_REVISION
               value: {{ . | quote }}
             {{- end }}
+            {{- with $spec.quantization }}
+            - name: SPECDEC_DRAFT_QUANTIZATION
+              value: {{ . | quote }}
+            {{- end }}
             - name: SPECDEC_DRAFT_METHOD
               value: {{ $spec.method | default "draft_model" | quote }}
             {{- with $spec.prompt_lookup_max }}

@@ -117,7 +117,7 @@ def test_the_plan_is_cached_and_read_back_to_the_same_bits(target, tmp_path, mon
         assert torch.equal(a(xx), b(xx))
     assert x.shape[0] == 3
     # another mode, or the head quantized, is another file
-    assert quant_plan.cache_path(target.source, target.dtype, "int8", None, 0.5, not plan.quantize_head) != path
+    assert quant_plan.cache_path(target.source, target.dtype, "int8", None, ((0.5, False),), False) != path
     path.write_bytes(b"not safetensors")
     broken, rewrite = build_plan(target, "int8")
     assert rewrite == path and not broken.cached  # an unreadable cache is recalibrated, then overwritten
