@@ -24,6 +24,7 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 2  # k when a speculative_config names none
 # --quantization / speculative_config "quantization" (vLLM's names): the decoder products' formulation
 # (specdec.engine.quant). None (the default) picks by role: int8 for a draft, none for a target.
 QUANTIZATIONS = ("none", "int8", "fp8")
+AUTO_QUANTIZATION = "auto"  # the role's default: int8 for a draft, none for a target
 # k of the embedded default pair: measured best with its float32 target (benchmarks/bench_default_pair.py).
 # On 2 CPU cores an fp32 pass of 2 tokens costs what one token does, 3-5 tokens ~1.4-1.6x, and the draft
 # agrees ~30% of the time on the next token: k=1 gains, longer proposals lose.
@@ -99,8 +100,8 @@ class SpeculativeConfig:
     # overlapped drafting: the draft drafts the next round while the target verifies this one, betting
     # that this round is accepted in full (specdec.decoding.Lookahead); false: the rounds run in turn
     overlap: bool = False
-    # the draft's --quantization (vLLM's key; None: int8, a draft's default)
-    quantization: str | None = None
+    # the draft's --quantization (vLLM's key): auto (a draft's default: int8), none, int8 or fp8 (CUDA)
+    quantization: str = AUTO_QUANTIZATION
 
     @property
     def uses_lookup(self) -> bool:
@@ -175,9 +176,9 @@ class SpeculativeConfig:
 
 
 def check_quantization(value: str | None) -> None:
-    """ConfigError unless ``value`` is one of QUANTIZATIONS (or None: the role's default)."""
-    if value is not None and value not in QUANTIZATIONS:
-        raise ConfigError(f"quantization must be one of {list(QUANTIZATIONS)}, got {value!r}")
+    """ConfigError unless ``value`` is one of QUANTIZATIONS or "auto" (None too: the role's default)."""
+    if value is not None and value not in (AUTO_QUANTIZATION, *QUANTIZATIONS):
+        raise ConfigError(f"quantization must be one of {[AUTO_QUANTIZATION, *QUANTIZATIONS]}, got {value!r}")
 
 
 def spec_default(key: str) -> Any:

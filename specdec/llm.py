@@ -107,7 +107,7 @@ class LLM:
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
         seeded_sampling: str = DEFAULT_SEEDED_SAMPLING,
-        quantization: str | None = DEFAULT_QUANTIZATION,
+        quantization: str = DEFAULT_QUANTIZATION,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA; on CPU the faster of float32 and
         bfloat16 on this machine, measured once and cached (``specdec.engine.dtype_choice``; the environment
@@ -122,7 +122,8 @@ class LLM:
         ``seeded_sampling``: the rule of requests with a seed and temperature > 0: "coupled" (default; the text
         depends on the seed, not on the draft, k or speculation: ``specdec.seeding``) or "rejection"
         (Leviathan/Chen rejection sampling). Requests without a seed always use rejection sampling.
-        ``quantization``: the target's decoder products, "none" (default), "int8" (W8A8) or "fp8" (CUDA); the
+        ``quantization``: the target's decoder products, "auto" (default: "none" for a target), "none", "int8"
+        (W8A8) or "fp8" (CUDA); the
         draft's is ``speculative_config["quantization"]`` (default "int8"): see ``specdec.engine.quant``."""
         try:  # before minutes of model loading
             check_seeded_sampling(seeded_sampling)

@@ -30,6 +30,7 @@ from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_C
 from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
 from specdec.engine.quant import quantization_unavailable
 from specdec.engine.quant_plan import build_plan, save_plan
+from specdec.config import AUTO_QUANTIZATION
 from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SequencePreemptedError
 from specdec.engine.models import LoadedModel, SkinnyLinear
 from specdec.sampling import make_generator
@@ -44,10 +45,10 @@ DEFAULT_LEAN_FORWARD = True
 # construction"). None: on for a target on CPU, where benchmarks/bench_batch_invariant.py measured what they
 # cost; off on CUDA until its Triton products are measured there, and off for drafts.
 DEFAULT_BATCH_INVARIANT: bool | None = None
-# --quantization (vLLM's name; specdec.engine.quant): None picks by role. A draft's products run int8 (W8A8,
+# --quantization (vLLM's name; specdec.engine.quant): "auto" (or None) picks by role. A draft's products run int8 (W8A8,
 # SmoothQuant-calibrated): its numerics change only how often its tokens are accepted, never the output, and
 # benchmarks/bench_quantization.py measured the pair faster with it. A target runs in its --dtype unless told.
-DEFAULT_QUANTIZATION: str | None = None
+DEFAULT_QUANTIZATION = AUTO_QUANTIZATION
 DEFAULT_QUANTIZATION_BY_ROLE = {"draft": "int8", "target": "none"}
 
 
@@ -459,6 +460,8 @@ def resolve_quantization(requested: str | None, role: str, lm: LoadedModel, lean
     """The quantization a runner uses: ``requested``, else its role's default (int8 for a draft: its numerics
     change only the acceptance, never the output; none for a target). A requested mode that cannot run here
     raises ValueError saying why; a default that cannot falls back to none (logged)."""
+    if requested == AUTO_QUANTIZATION:
+        requested = None
     quantization = requested if requested is not None else DEFAULT_QUANTIZATION_BY_ROLE[role]
     why = quantization_unavailable(quantization, lm.device)
     if why is None and quantization != "none":

@@ -27,7 +27,7 @@ from typing import Any
 from draft_service.config import DraftServiceConfig
 from gateway.config import GatewayConfig
 from specdec.config import DEFAULT_HTTP_PORT, SpeculativeConfig
-from specdec.serving.backend import BackendConfig
+from specdec.serving.backend import DEFAULT_QUANTIZATION, BackendConfig
 from target_service.config import TargetServiceConfig
 
 LOOPBACK = "127.0.0.1"
@@ -160,7 +160,7 @@ def part_configs(cfg: Any, spec: SpeculativeConfig | None, target_model: str,
         draft = backend(DraftServiceConfig, True, model=spec.model or "ngram", method=spec.method,
                         revision=spec.revision, prompt_lookup_max=spec.prompt_lookup_max,
                         prompt_lookup_min=spec.prompt_lookup_min, draft_sample_method=spec.draft_sample_method,
-                        tli_proposals=spec.tli_proposals, quantization=spec.quantization,
+                        tli_proposals=spec.tli_proposals, quantization=spec.quantization or DEFAULT_QUANTIZATION,
                         target_tokenizer=target_model if spec.use_heterogeneous_vocab else None,
                         **{n: getattr(cfg, n) for n in DRAFT_SAME})
     gateway_values = {n: getattr(cfg, n) for n in gateway_same_fields()}

@@ -61,10 +61,10 @@ class BackendConfig:
                 "(fixed-shape products, attention over fixed key chunks), so greedy verification picks exactly the "
                 "target-alone token (a target's setting: a draft's numerics never change the output; default: on for "
                 "CPU models, off on CUDA; --no-batch-invariant: the fastest kernel per shape)"})
-    quantization: str | None = field(default=DEFAULT_QUANTIZATION, metadata={
+    quantization: str = field(default=DEFAULT_QUANTIZATION, metadata={
         "help": "the decoder products' formulation: none (the --dtype's), int8 (W8A8: int8 weights per output channel, "
                 "int8 activations per token, SmoothQuant-calibrated; CPU and CUDA) or fp8 (CUDA, compute capability "
-                "8.9+); default: int8 for a draft (its numerics change only the acceptance), none for a target"})
+                "8.9+); auto (default): int8 for a draft (its numerics change only the acceptance), none for a target"})
     # The KV block pool of the model (vLLM's paged KV cache: --kv-cache-memory-bytes, --block-size,
     # --enable-prefix-caching, --gpu-memory-utilization).
     kv_cache_memory: int | None = field(default=None, metadata={

@@ -427,7 +427,7 @@ def test_the_cli_reads_the_containers_settings(case, monkeypatch):
     assert draft.target_tokenizer == (target.model if spec["use_heterogeneous_vocab"] else None)
     assert draft.tli_proposals == spec["tli_proposals"]
     assert draft.revision == spec["revision"]
-    assert draft.quantization == spec["quantization"]  # null: the draft's default (int8)
+    assert draft.quantization == (spec["quantization"] or "auto")  # null: the draft's default (int8)
     assert gateway.max_model_len == draft.max_model_len == target.max_model_len == spec["max_model_len"]
     assert gateway.api_key == ([API_KEY] if values["gateway"]["apiKey"]["value"]
                                or values["gateway"]["apiKey"]["existingSecret"] else [])

@@ -120,7 +120,20 @@ def test_the_plan_is_cached_and_read_back_to_the_same_bits(target, tmp_path, mon
     assert quant_plan.cache_path(target.source, target.dtype, "int8", None, ((0.5, False),), False) != path
     path.write_bytes(b"not safetensors")
     broken, rewrite = build_plan(target, "int8")
-    assert rewrite == path and not broken.cached  # an unreadable cache is recalibrated, then overwritten
+    assert rewrite == path and broken.rise is not None  # an unreadable cache is recalibrated, then overwritten
+
+
+def test_calibration_keeps_the_first_setting_within_the_perplexity_budget(target, monkeypatch, caplog):
+    plan, _ = build_plan(target, "int8", use_cache=False)  # a target: evaluated on the calibration text
+    assert (plan.alpha, plan.quantize_head) == quant_plan.CANDIDATES[0] and plan.rise <= quant_plan.PERPLEXITY_BUDGET
+    monkeypatch.setattr(quant_plan, "PERPLEXITY_BUDGET", -1.0)  # nothing is good enough: the closest, with a warning
+    with caplog.at_level(logging.WARNING):
+        worst, _ = build_plan(target, "int8", use_cache=False)
+    assert "lossy for this model" in caplog.text
+    assert (worst.alpha, worst.quantize_head) in quant_plan.CANDIDATES and worst.cached
+    # a draft restricted to a draft vocabulary is not evaluated: the first setting, no perplexity
+    draft, _ = build_plan(target, "int8", vocab_subset=torch.arange(100), use_cache=False)
+    assert draft.rise is None and (draft.alpha, draft.quantize_head) == quant_plan.CANDIDATES[0]
 
 
 def test_from_tensors_round_trip():
