@@ -130,9 +130,10 @@ def _matmul_kernel(
         k_ok = ks < K
         a = tl.load(x_rows + ks[None, :] * x_k, mask=m_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
         b = tl.load(w_cols + ks[:, None] * w_k, mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # [BK, BN]
-        if UPCAST:  # the interpreter's tl.dot reads bf16 as raw uint16 bits: exact fp32 products instead
+        if UPCAST:  # Triton's interpreter (CPU): see matmul_triton
             a, b = a.to(tl.float32), b.to(tl.float32)
-        if IEEE:
+            acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)  # each element's k in order, row by row
+        elif IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
@@ -199,7 +200,10 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if out.numel() == 0:
         return out
     cfg = MATMUL_CONFIGS[x.dtype]
-    upcast = x.dtype == torch.bfloat16 and x.device.type != "cuda"
+    # In Triton's interpreter (a CPU) tl.dot is numpy's matmul: it reads bf16 as raw uint16 bits, and its BLAS
+    # may sum a row in another order by the row's place in the tile (measured: OpenBLAS on an AMD EPYC, 6-row
+    # blocks). There the tile's product is exact fp32 products summed over k in order, element by element.
+    upcast = x.device.type != "cuda"
     tiles = -(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])
     _kernels()[0][(tiles,)](
         x, weight, out if bias is None else bias, out, m, n, k,
