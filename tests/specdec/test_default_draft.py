@@ -49,7 +49,8 @@ def test_default_draft_runs_lean_over_its_draft_vocab():
 
     draft = load_model(DEFAULT_DRAFT, dtype="float32")
     assert draft.draft_vocab is not None and len(draft.draft_vocab) == 16384
-    runner = ModelRunner(draft, 256, role="draft")
+    assert ModelRunner(draft, 256, role="draft").quantization == "int8"  # the default; compared as computed here:
+    runner = ModelRunner(draft, 256, role="draft", quantization="none")
     assert isinstance(runner.net, LeanDecoder) and runner.net.lm_head.out_features == 16384
     ids = draft.tokenizer("def fibonacci(n):\n    return").input_ids
     logits = runner.forward(runner.get_or_create("s", 0), ids)[0]

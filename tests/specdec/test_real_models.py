@@ -78,10 +78,12 @@ def truncated_draft_dir(tmp_path_factory):
     return folder
 
 
-def _run(draft: str, k: int, refs):
+def _run(draft: str, k: int, refs, quantization: str = "none"):
+    """The draft unquantized unless told: these tests are about the draft model as it is."""
     llm = LLM(
         MODEL,
-        speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": k},
+        speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": k,
+                            "quantization": quantization},
         dtype="float32",
     )
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True))
@@ -101,6 +103,13 @@ def test_self_draft_is_lossless_and_accepts(k, hf_reference):
     for s in _run(MODEL, k, hf_reference):
         assert s.num_draft_tokens > 0
         assert s.acceptance_rate >= 0.9, s.as_dict()
+
+
+def test_int8_self_draft_is_lossless(hf_reference):
+    """The draft's default: the target itself with int8 products proposes, the float32 target decides."""
+    stats = _run(MODEL, 2, hf_reference, quantization="int8")
+    assert all(s.num_accepted_tokens > 0 for s in stats)
+    assert sum(s.num_accepted_tokens for s in stats) / sum(s.num_draft_tokens for s in stats) >= 0.5
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
