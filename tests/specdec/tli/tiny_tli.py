@@ -98,8 +98,9 @@ def llm_over(target, target_tok, draft=None, draft_tok=None, k: int = 2, **spec)
     config = None
     if draft is not None:
         models["tiny-draft"] = loaded_model("tiny-draft", draft, draft_tok)
+        # the draft's pinned logits as built (a draft's default int8 products would round them)
         config = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": k,
-                  "use_heterogeneous_vocab": True, **spec}
+                  "use_heterogeneous_vocab": True, "quantization": "none", **spec}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(specdec.llm, "load_model", lambda name, **kw: models[name])
         return LLM("tiny-target", speculative_config=config, seed=0)
