@@ -29,7 +29,7 @@ def _function():
         logger.info("the C quantization kernel is unavailable (%s); int8 products quantize with torch operators", exc)
         return None
     fn.restype = _I32
-    fn.argtypes = [_P, _I32, _P, _I64, _I64, _I64, _P, _P, _P]
+    fn.argtypes = [_P, _I32, _P, _I64, _I64, _I64, _P, _P]
     return fn
 
 
@@ -46,7 +46,6 @@ def quantize_rows_u8(x: torch.Tensor, inv_smooth: torch.Tensor | None) -> tuple[
         x = x.contiguous()
     q = torch.empty((m, k), dtype=torch.uint8)
     scale = torch.empty((m, 1), dtype=torch.float32)
-    scratch = torch.empty(k, dtype=torch.float32)
     fn(x.data_ptr(), 0 if x.dtype == torch.float32 else 1, None if inv_smooth is None else inv_smooth.data_ptr(),
-       m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), scratch.data_ptr())
+       m, k, x.stride(0), q.data_ptr(), scale.data_ptr())
     return q, scale

@@ -20,38 +20,32 @@ static inline float bf16_to_f32(uint16_t v) {
     return f;
 }
 
-static void quantize_row(const float *y, int64_t k, uint8_t *q, float *scale) {
-    float peak = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-        float a = fabsf(y[j]);
-        peak = a > peak ? a : peak;
-    }
-    if (peak < 1e-12f) peak = 1e-12f;
-    float s = peak / 127.0f;
-    *scale = s;
-    for (int64_t j = 0; j < k; ++j) {
-        float v = nearbyintf(y[j] / s);
-        v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-        q[j] = (uint8_t)(int)(v + 128.0f);
-    }
+/* x_j * inv_s_j as float32: the same product in both passes, so the same bits as the torch formulation */
+static inline float load(const void *x, int dtype, const float *inv_s, int64_t j) {
+    float v = dtype == 0 ? ((const float *)x)[j] : bf16_to_f32(((const uint16_t *)x)[j]);
+    return inv_s ? v * inv_s[j] : v;
 }
 
-/* dtype: 0 float32, 1 bfloat16. scratch: k floats. Returns 0. */
+/* dtype: 0 float32, 1 bfloat16; row_stride in elements. Returns 0. */
 int quantize_rows_u8(const void *x, int dtype, const float *inv_s, int64_t m, int64_t k, int64_t row_stride,
-                     uint8_t *q, float *scale, float *scratch) {
+                     uint8_t *q, float *scale) {
+    const size_t elem = dtype == 0 ? sizeof(float) : sizeof(uint16_t);
     for (int64_t i = 0; i < m; ++i) {
-        if (dtype == 0) {
-            const float *row = (const float *)x + i * row_stride;
-            if (inv_s) {
-                for (int64_t j = 0; j < k; ++j) scratch[j] = row[j] * inv_s[j];
-            } else {
-                memcpy(scratch, row, (size_t)k * sizeof(float));
-            }
-        } else {
-            const uint16_t *row = (const uint16_t *)x + i * row_stride;
-            for (int64_t j = 0; j < k; ++j) scratch[j] = inv_s ? bf16_to_f32(row[j]) * inv_s[j] : bf16_to_f32(row[j]);
+        const void *row = (const char *)x + (size_t)(i * row_stride) * elem;
+        float peak = 0.0f;
+        for (int64_t j = 0; j < k; ++j) {
+            float a = fabsf(load(row, dtype, inv_s, j));
+            peak = a > peak ? a : peak;
         }
-        quantize_row(scratch, k, q + i * k, scale + i);
+        if (peak < 1e-12f) peak = 1e-12f;
+        float s = peak / 127.0f;
+        scale[i] = s;
+        uint8_t *out = q + i * k;
+        for (int64_t j = 0; j < k; ++j) {
+            float v = nearbyintf(load(row, dtype, inv_s, j) / s);
+            v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+            out[j] = (uint8_t)(int)(v + 128.0f);
+        }
     }
     return 0;
 }

@@ -127,15 +127,13 @@ class QuantLinear:
         self.q = q  # [out, in]: passed to the product as .t(), a column-major [in, out] (the fast layout)
         self.scale = scale.float().view(1, -1)  # [1, out]
         self.smooth = None if smooth is None else smooth.float()
-        self.inv_smooth = None if smooth is None else (1.0 / self.smooth).view(1, -1)
+        self.inv_smooth = None if smooth is None else (1.0 / self.smooth).view(1, -1).contiguous()
         self.bias = bias
         self.out_features = int(q.shape[0])
         self.in_features = int(q.shape[1])
         self.packed = onednn_pack(q) if kind == "int8" and q.device.type == "cpu" else None
         self._zero_points = torch.zeros(self.out_features, dtype=torch.long) if self.packed is not None else None
         self.fused_quantize = self.packed is not None and cpu_quantize.available()  # one C call (kernels.cpu_quantize)
-        if self.inv_smooth is not None:
-            self.inv_smooth = self.inv_smooth.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -145,7 +143,7 @@ class QuantLinear:
                 xq, xscale = cpu_quantize.quantize_rows_u8(rows, self.inv_smooth)
             else:
                 xq, xscale = quantize_rows(rows, self.inv_smooth, torch.uint8)
-            out = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, self.packed, self.scale.view(-1), self._zero_points,
+            out = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, self.packed, self.scale[0], self._zero_points,
                                                      None, 1.0, 0, torch.float32, "none", [], "") * xscale
             if self.bias is not None:
                 out = out + self.bias

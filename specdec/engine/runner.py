@@ -459,7 +459,7 @@ class ModelRunner:
 def resolve_quantization(requested: str | None, role: str, lm: LoadedModel, lean_forward: bool | None) -> str:
     """The quantization a runner uses: ``requested``, else its role's default (int8 for a draft: its numerics
     change only the acceptance, never the output; none for a target). A requested mode that cannot run here
-    raises ValueError saying why; a default that cannot falls back to none (logged)."""
+    raises ConfigError saying why; a default that cannot falls back to none (logged)."""
     if requested == AUTO_QUANTIZATION:
         requested = None
     quantization = requested if requested is not None else DEFAULT_QUANTIZATION_BY_ROLE[role]

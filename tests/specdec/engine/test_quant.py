@@ -111,11 +111,9 @@ def test_the_plan_is_cached_and_read_back_to_the_same_bits(target, tmp_path, mon
     again, none = build_plan(target, "int8")
     assert none is None and set(again.cached) == set(plan.built)
     second = lean_decoder(target.model, quant=again)
-    x = torch.randn(3, target.model.config.hidden_size)
     for a, b in ((first.layers[1].down, second.layers[1].down), (first.layers[0].qkv, second.layers[0].qkv)):
         xx = torch.randn(3, a.in_features)
         assert torch.equal(a(xx), b(xx))
-    assert x.shape[0] == 3
     # another mode, or the head quantized, is another file
     assert quant_plan.cache_path(target.source, target.dtype, "int8", None, ((0.5, False),), False) != path
     path.write_bytes(b"not safetensors")
