@@ -29,7 +29,7 @@ from specdec.engine.workers import DraftWorker, ProposeCall, TargetWorker, Verif
 
 logger = logging.getLogger(__name__)
 NGRAM_MAX_MODEL_LEN = 1 << 20  # an n-gram draft has no context limit of its own
-LIVE_WINDOW_S = 5.0  # a sequence served within this many seconds is live: a drain waits for it
+LIVE_WINDOW_S = 10.0  # a sequence served within this many seconds is live: a drain waits for it
 
 
 @dataclass
