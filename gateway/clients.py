@@ -9,6 +9,13 @@ unavailable service (restart) is retried until ``retry_seconds`` run out. A serv
 preempted the sequence (ABORTED: it freed the blocks and forgot it) gets the whole history again after a
 short wait (20 ms, doubling up to 1 s, for at most ``preempted_retry_seconds``, the request's deadline
 and the call's own deadline). Losing a cache costs a recompute, never correctness.
+
+Every call has a deadline even when the client sent none (``gateway.deadlines``: from the backend's
+measured call times, with a floor). A call that runs past its own deadline fails at once with
+UNAVAILABLE naming the backend (the replica set then moves the sequence on); one that runs past the
+request's deadline is DEADLINE_EXCEEDED, the client's doing, not the backend's. Whatever such a call
+still does on the service cannot corrupt the sequence: the next call says where its history starts
+(``start_position``), and a service holding less answers NOT_FOUND and gets the whole history.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Callable, Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.deadlines import CallDeadline
 from specdec.errors import BackendUnavailableError, DeadlineExceededError, SequenceNotFoundError, SequencePreemptedError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal, VerifyResult
@@ -45,6 +53,9 @@ _DRAFT_METHODS = {
 # Waits before resending a preempted sequence: the first, and the longest (it doubles in between).
 PREEMPTED_FIRST_DELAY = 0.02
 PREEMPTED_MAX_DELAY = 1.0
+# A call's own deadline before the gateway's settings are applied (GatewayConfig's defaults).
+DEFAULT_CALL_TIMEOUT_FLOOR = 10.0
+DEFAULT_CALL_TIMEOUT_FACTOR = 8.0
 
 # The batch hint of the calls this thread makes now ("<group>:<size>", see gateway.scheduler).
 _BATCH_HINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("specdec_batch_hint", default=None)
@@ -119,7 +130,9 @@ class _RemoteBackend:
         self._held: dict[str, SentHistory] = {}  # sequence id -> the history last sent (the service holds it)
         self._lock = threading.Lock()
         self._deadlines: dict[str, float] = {}  # sequence id -> the request's deadline (monotonic)
-        self.call_timeout: float | None = None  # a deadline of each call of its own (the draft's, with fallback)
+        self.call_timeout: float | None = None  # a cap on each call's deadline (the draft's, with fallback)
+        # each call's own deadline, from this backend's measured call times (see gateway.deadlines)
+        self.call_deadline = CallDeadline(DEFAULT_CALL_TIMEOUT_FLOOR, DEFAULT_CALL_TIMEOUT_FACTOR)
         self.stop_retrying: Callable[[], bool] = lambda: False  # e.g. the target is known down
         self.on_unavailable: Callable[[], None] = lambda: None  # called when retries ran out
         # (phase, k, seconds) of each successful Propose / Verify: adaptive k keeps its costs current with it
@@ -130,15 +143,19 @@ class _RemoteBackend:
         if deadline is not None:
             self._deadlines[sequence_id] = deadline
 
-    def _timeout(self, sequence_id: str) -> float | None:
-        """The call's timeout: what is left of the request's deadline, capped by ``call_timeout``."""
+    def _timeout(self, sequence_id: str, tokens: int) -> tuple[float, bool]:
+        """The call's timeout, and whether it is the request's deadline (not the call's own): what is left of
+        the request's deadline, capped by the call's own deadline for ``tokens`` tokens and ``call_timeout``."""
+        own = self.call_deadline.timeout(tokens)
+        if self.call_timeout is not None:
+            own = min(own, self.call_timeout)
         deadline = self._deadlines.get(sequence_id)
         if deadline is None:
-            return self.call_timeout
+            return own, False
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceededError(f"{self.role} service: the request's deadline passed")
-        return remaining if self.call_timeout is None else min(remaining, self.call_timeout)
+        return (remaining, True) if remaining < own else (own, False)
 
     def _call(self, rpc, make_request: Callable[[int, list[int]], object], sequence_id: str, token_ids: list[int]):
         with self._lock:
@@ -158,14 +175,26 @@ class _RemoteBackend:
         while True:
             try:
                 began = time.monotonic()
-                response = rpc(make_request(start, new), timeout=self._timeout(sequence_id), **_metadata())
-                gateway_series(self.model_name).call(self.phase).observe(time.monotonic() - began)
+                timeout, request_bound = self._timeout(sequence_id, len(new))
+                response = rpc(make_request(start, new), timeout=timeout, **_metadata())
+                took = time.monotonic() - began
+                self.call_deadline.observe(took, len(new))
+                gateway_series(self.model_name).call(self.phase).observe(took)
                 with self._lock:
                     held.sent(token_ids, start, new, version, source, mark)
                     self._held[sequence_id] = held
                 return response
             except grpc.RpcError as err:
                 error = error_from_rpc(err, f"{self.role} service: ")
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not request_bound:
+                    # the backend did not answer within its own deadline: hung or stuck, not merely busy
+                    logger.error("%s service at %s did not answer %s of %s within %.1f s", self.role, self.address,
+                                 self.phase, sequence_id, timeout)
+                    self.on_unavailable()
+                    raise BackendUnavailableError(
+                        f"{self.role} service at {self.address} did not answer within {timeout:.1f} s (hung or "
+                        "stuck; the deadline is --backend-call-timeout-factor x its recent call time, at least "
+                        "--backend-call-timeout-floor-seconds); retry shortly") from None
                 if isinstance(error, SequenceNotFoundError) and start > 0:
                     logger.info("%s lost sequence %s; resending its %d tokens", self.role, sequence_id, len(token_ids))
                     HISTORY_RESENDS.labels("gateway", self.model_name, self.phase).inc()
@@ -219,10 +248,17 @@ class _RemoteBackend:
             self._deadlines.pop(sequence_id, None)
         if held is None:
             return
-        try:
-            self._stub.ReleaseSequence(common_pb2.ReleaseSequenceRequest(sequence_id=sequence_id), timeout=5)
-        except grpc.RpcError as err:  # the idle-expiry on the service cleans up eventually
-            logger.warning("%s: release of %s failed: %s", self.role, sequence_id, err.code().name)
+        # Not waited for: a hung service must not hold up the request that is leaving (its error, or its end).
+        future = self._stub.ReleaseSequence.future(common_pb2.ReleaseSequenceRequest(sequence_id=sequence_id), timeout=5)
+        future.add_done_callback(lambda f: self._released(f, sequence_id))
+
+    def _released(self, future, sequence_id: str) -> None:
+        if future.cancelled():
+            return
+        err = future.exception()
+        if err is not None:  # the idle-expiry on the service cleans up eventually
+            code = err.code().name if isinstance(err, grpc.RpcError) else type(err).__name__
+            logger.warning("%s: release of %s failed: %s", self.role, sequence_id, code)
 
     def get_info(self, timeout: float) -> common_pb2.ModelInfo:
         """Wait (up to timeout) until the service is loaded and answers GetInfo."""

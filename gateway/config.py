@@ -33,6 +33,20 @@ class GatewayConfig:
     max_model_len: int | None = field(default=None, metadata={"help": "cap on prompt + output tokens (default: the backends')"})
     tokenizer: str | None = field(default=None, metadata={"help": "target tokenizer (default: the target's model name)"})
     backend_timeout_seconds: float = field(default=60.0, metadata={"help": "how long a backend call may retry an unavailable service"})
+    backend_call_timeout_floor_seconds: float = field(default=10.0, metadata={
+        "help": "shortest deadline of a backend call (Propose, Verify) the client set no tighter deadline for; a "
+                "call past its deadline fails with UNAVAILABLE (another replica takes the sequence, or the client "
+                "gets 503), so a hung backend is found in seconds"})
+    backend_call_timeout_factor: float = field(default=8.0, metadata={
+        "help": "a backend call's deadline is this many times the slowest recent call of that backend (per token "
+                "sent, for a long prefill), at least --backend-call-timeout-floor-seconds"})
+    group_stall_seconds: float = field(default=1.0, metadata={
+        "help": "with group rounds, how long a step may run (at least; also 4x the median recent step) before the "
+                "sequences not in it step without it (a hung call or a long prefill holds up only its own)"})
+    drain_grace_seconds: float = field(default=25.0, metadata={
+        "help": "on SIGTERM: readiness turns false (gRPC health NOT_SERVING, HTTP /ready 503), new requests get "
+                "503 / UNAVAILABLE, and requests in flight get this long to finish before the process exits "
+                "(keep it under Kubernetes' terminationGracePeriodSeconds)"})
     startup_timeout_seconds: float = field(default=600.0, metadata={"help": "how long to wait for the backends at start-up"})
     max_concurrent_requests: int = field(default=64, metadata={"help": "sequences generating at once (a request "
                                                                        "with n outputs counts n)"})

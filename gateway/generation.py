@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gateway.clients import RemoteDraft, RemoteTarget
 from gateway.config import GatewayConfig
+from gateway.deadlines import CallDeadline
 from gateway.replicas import ReplicaSet, is_replica_spec
 from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, SheddingDraft, TargetHealth
 from gateway.scheduler import RoundScheduler
@@ -18,7 +19,7 @@ from specdec.adaptive import AdaptiveK, RoundCosts, calibrate
 from specdec.config import SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import Lookahead, decode
 from specdec.proposal import TokenLogprob, check_num_speculative_tokens
-from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
+from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SpecDecError
 from specdec.engine.models import load_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
@@ -50,9 +51,15 @@ class Gateway:
         timeout = config.backend_timeout_seconds
         security = channel_security(config.backend_tls_ca_file, config.backend_tls_cert_file,
                                     config.backend_tls_key_file, config.backend_tls_server_name)
-        self.target = _client(config.target_addr, lambda addr: RemoteTarget(addr, timeout, security))
-        self.draft = (_client(config.draft_addr,
-                              lambda addr: RemoteDraft(addr, config.draft_sample_method, timeout, security))
+        def own_deadline(client):  # each backend (each replica) learns its own call times
+            client.call_deadline = CallDeadline(config.backend_call_timeout_floor_seconds,
+                                                config.backend_call_timeout_factor)
+            return client
+
+        self.draining = False  # set by drain(): new requests are refused (503 / UNAVAILABLE)
+        self.target = _client(config.target_addr, lambda addr: own_deadline(RemoteTarget(addr, timeout, security)))
+        self.draft = (_client(config.draft_addr, lambda addr: own_deadline(
+                              RemoteDraft(addr, config.draft_sample_method, timeout, security)))
                       if config.draft_addr else None)
         self.admission = Admission(config.max_concurrent_requests, config.max_queue_len, config.max_queue_time_seconds)
         try:
@@ -94,7 +101,7 @@ class Gateway:
         overlap = config.overlap and self.draft is not None
         self.scheduler = (RoundScheduler(self.round_draft, self.target, config.max_concurrent_requests,
                                          hints=not any(isinstance(c, ReplicaSet) for c in (self.target, draft_client)),
-                                         overlap=overlap)
+                                         overlap=overlap, min_stall_seconds=config.group_stall_seconds)
                           if config.group_rounds else None)
         # overlapped drafting in one loop per request: each loop's lookahead Propose runs on this pool
         self._ahead_pool = (ThreadPoolExecutor(config.max_concurrent_requests, thread_name_prefix="lookahead")
@@ -215,6 +222,9 @@ class Gateway:
                 f"{self.max_model_len} and the prompt has {len(prompt_token_ids)} tokens, so at most {room} can be "
                 "generated; lower max_tokens or shorten the prompt", param="max_tokens")
         self._check_kv_capacity(len(prompt_token_ids), params.max_tokens)
+        if self.draining:
+            raise BackendUnavailableError("this gateway is shutting down (draining its requests in flight); retry: "
+                                          "another replica will serve it")
         self.target_health.check()  # 503 at once while the target is known down
         self.admission.reserve(1)  # 429 at once when the queue is full
         # a sequence never outgrows the smallest KV cache pool: without max_tokens it stops there ("length")
@@ -317,6 +327,14 @@ class Gateway:
                 else:
                     problems.append(message)
         return problems, degraded
+
+    def drain(self) -> None:
+        """Refuse new requests from now on; those in flight carry on (see ``in_flight``)."""
+        self.draining = True
+
+    def in_flight(self) -> int:
+        """Sequences running or waiting for a slot."""
+        return self.admission.running + self.admission.waiting
 
     def close(self) -> None:
         if getattr(self, "scheduler", None) is not None:

@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from specdec.errors import (BackendUnavailableError, InvalidRequestError, ResourceExhaustedError,
-                            SequencePreemptedError, SpecDecError)
+from specdec.errors import (BackendUnavailableError, DeadlineExceededError, InvalidRequestError,
+                            ResourceExhaustedError, SequencePreemptedError, SpecDecError)
 from specdec.proposal import Proposal
 from specdec.sampling import SamplingParams
 from specdec.serving import metrics
@@ -68,6 +68,12 @@ class CircuitBreaker:
                 self._probing = True
                 return True
             return False
+
+    def abandon(self) -> None:
+        """A call that proves nothing either way (the client's own deadline passed): the counts stay, and a
+        probe in flight is given back (the next call may probe)."""
+        with self._lock:
+            self._probing = False
 
     def record(self, ok: bool) -> None:
         with self._lock:
@@ -118,6 +124,11 @@ class FallbackDraft:
             proposal = self.remote.propose(sequence_id, token_ids, num_speculative_tokens, params)
         except InvalidRequestError:
             self.breaker.record(True)  # the draft answered; the request is wrong
+            raise
+        except DeadlineExceededError:
+            # The client's own deadline passed (not the call's: that is a BackendUnavailableError): no sign
+            # of the draft's health, and the request is over anyway.
+            self.breaker.abandon()
             raise
         except SequencePreemptedError as exc:
             # The draft's KV pool is full, not failing: the draft answered (its breaker stays closed), this

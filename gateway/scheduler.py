@@ -37,8 +37,9 @@ from specdec.sequence import SequenceState
 logger = logging.getLogger(__name__)
 
 _CANCELLED = object()  # handed to a member whose client went away
-# A step in flight for longer than STALL_FACTOR x the median recent step (and at least MIN_STALL_S) has
-# stalled (a hung call, a long prefill): the ready members then run a step of their own.
+# A step in flight for longer than STALL_FACTOR x the median recent step (and at least min_stall_seconds,
+# --group-stall-seconds, MIN_STALL_S by default) has stalled (a hung call, a long prefill): the ready
+# members then run a step of their own.
 MIN_STALL_S = 1.0
 STALL_FACTOR = 4.0
 STALL_POLL_S = 0.1
@@ -57,8 +58,10 @@ class _Member:
 class RoundScheduler:
     """Drives the rounds of every sequence that joins, one step of the whole group at a time."""
 
-    def __init__(self, draft, target, max_concurrent_calls: int, hints: bool = True, overlap: bool = False):
+    def __init__(self, draft, target, max_concurrent_calls: int, hints: bool = True, overlap: bool = False,
+                 min_stall_seconds: float = MIN_STALL_S):
         self.draft, self.target = draft, target
+        self.min_stall_seconds = min_stall_seconds  # --group-stall-seconds
         self.hints = hints  # batch hints are exact only when every call of a phase goes to one service
         self.overlap = overlap  # each step also drafts the next round ahead, beside the verifications
         self._members: list[_Member] = []
@@ -146,7 +149,8 @@ class RoundScheduler:
     def stall_seconds(self) -> float:
         """How long a step may run before the ready members start one of their own."""
         recent = sorted(self._durations)
-        return max(MIN_STALL_S, STALL_FACTOR * recent[len(recent) // 2]) if recent else MIN_STALL_S
+        floor = self.min_stall_seconds
+        return max(floor, STALL_FACTOR * recent[len(recent) // 2]) if recent else floor
 
     def _run_step(self, group: list[_Member], started: float) -> None:
         try:

@@ -122,6 +122,9 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
         raise
     handle.backend = gateway
     handle.on_stop.append(gateway.close)
+    handle.drain_grace = config.drain_grace_seconds  # SIGTERM: refuse new requests, finish those in flight
+    handle.on_drain.append(gateway.drain)
+    handle.in_flight = gateway.in_flight
     start_metrics_server(handle, config.metrics_port, config.host)
     if config.http_port is not None:
         from gateway.openai.api_server import HttpServer, create_app

@@ -76,6 +76,9 @@ def create_app(gateway: Gateway, api_key: ApiKeys | str | list[str] | None = Non
 
     @app.get("/ready")
     async def ready():
+        if gateway.draining:  # SIGTERM: out of the load balancer first, then the requests in flight finish
+            return error_response(503, "the gateway is shutting down (draining its requests in flight)",
+                                  "service_unavailable", code="draining")
         problems, degraded = await asyncio.to_thread(gateway.check_backends)
         if problems:
             return error_response(503, "; ".join(problems), "service_unavailable", code="backend_unavailable")

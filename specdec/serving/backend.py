@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.config import DEFAULT_TARGET, check_quantization, parse_byte_size
-from specdec.errors import ConfigError, InvalidRequestError, SequenceNotFoundError
+from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SequenceNotFoundError
 from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.history import TokenHistory, common_prefix
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
@@ -29,6 +29,7 @@ from specdec.engine.workers import DraftWorker, ProposeCall, TargetWorker, Verif
 
 logger = logging.getLogger(__name__)
 NGRAM_MAX_MODEL_LEN = 1 << 20  # an n-gram draft has no context limit of its own
+LIVE_WINDOW_S = 10.0  # a sequence served within this many seconds is live: a drain waits for it
 
 
 @dataclass
@@ -128,6 +129,7 @@ class Backend:
         self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
         self.sequences_expired = 0  # sequences released by the idle expiry (sequence_ttl_seconds)
         self.metrics = ServiceMetrics(role, "ngram" if ngram_only else config.model)
+        self.draining = False  # set by drain(): no new sequence is taken on
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def load(self) -> None:
@@ -221,6 +223,16 @@ class Backend:
             self.batcher.close()
             self.metrics.untrack_kv_cache()
 
+    def drain(self) -> None:
+        """From now on, calls for a sequence this service does not hold get UNAVAILABLE (the gateway sends it
+        to another replica); the held ones are served on until they finish (see ``live_sequences``)."""
+        self.draining = True
+
+    def live_sequences(self) -> int:
+        """Sequences held and served within the last LIVE_WINDOW_S (a stream in flight calls every round; a
+        sequence its gateway forgot is left to the idle expiry, not waited for)."""
+        return self._active_sequences(LIVE_WINDOW_S) if self.ready.is_set() else 0
+
     def _active_sequences(self, window_s: float = 1.0) -> int:
         """Sequences served within the last window_s: those a batch may expect back shortly."""
         now = time.monotonic()
@@ -268,6 +280,9 @@ class Backend:
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="new_token_ids")
         tokens = None
+        if self.draining and sequence_id not in self.runner.sequences:
+            raise BackendUnavailableError(f"the {self.role} service is shutting down (draining the sequences it "
+                                          "holds); send new sequences to another replica")
         if start_position > 0 or sequence_id in self.runner.sequences:
             with self.runner.lock:
                 seq = self.runner.sequences.get(sequence_id)

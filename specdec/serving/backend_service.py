@@ -33,6 +33,11 @@ class BackendServiceConfig(BackendConfig):
     port: int = field(default=0, metadata={"help": "gRPC port (0: any free port)"})
     metrics_port: int | None = field(default=None, metadata={"help": "serve Prometheus /metrics on this HTTP port "
                                                                      "(none: off; 0: any free port)"})
+    drain_grace_seconds: float = field(default=25.0, metadata={
+        "help": "on SIGTERM: health turns NOT_SERVING, calls for sequences this service does not hold get "
+                "UNAVAILABLE (the gateway moves them to another replica), and the sequences it holds get this "
+                "long to finish before the process exits (keep it under Kubernetes' "
+                "terminationGracePeriodSeconds)"})
     tls_cert_file: str | None = server_tls_field("tls_cert_file")
     tls_key_file: str | None = server_tls_field("tls_key_file")
     tls_client_ca_file: str | None = server_tls_field("tls_client_ca_file")
@@ -87,6 +92,9 @@ def start_backend_service(
                           credentials=credentials)
     handle.backend = backend
     handle.on_stop.append(backend.close)
+    handle.drain_grace = config.drain_grace_seconds  # SIGTERM: hold no new sequence, finish the held ones
+    handle.on_drain.append(backend.drain)
+    handle.in_flight = backend.live_sequences
     start_metrics_server(handle, config.metrics_port, config.host)
 
     def load() -> None:

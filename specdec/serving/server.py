@@ -7,7 +7,8 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -20,6 +21,19 @@ logger = logging.getLogger(__name__)
 
 _MESSAGE_LIMITS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+# Keepalive: a client pings an idle or busy connection every KEEPALIVE_TIME_MS and drops it when no answer
+# comes within KEEPALIVE_TIMEOUT_MS (a half-open TCP connection is found, not waited on forever). The
+# servers permit those pings, with calls or without, so they never answer them with GOAWAY.
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+_CLIENT_KEEPALIVE = [("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                     ("grpc.keepalive_permit_without_calls", 1),
+                     ("grpc.http2.max_pings_without_data", 0)]  # 0: no cap on pings while no data flows
+_SERVER_KEEPALIVE = [("grpc.keepalive_permit_without_calls", 1),
+                     ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+                     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+                     ("grpc.http2.max_ping_strikes", 0)]  # 0: pings never count against the client
 
 
 @dataclass
@@ -34,6 +48,10 @@ class ServerHandle:
     backend: Any = None  # the object the servicer wraps (tests inspect it)
     http_port: int | None = None  # the gateway's OpenAI-compatible HTTP port, when it serves one
     metrics_port: int | None = None  # the Prometheus /metrics port, when it serves one of its own
+    drain_grace: float = 25.0  # --drain-grace-seconds: how long SIGTERM lets work in flight finish
+    on_drain: list[Callable[[], None]] = field(default_factory=list)  # refuse new work from now on
+    in_flight: Callable[[], int] = lambda: 0  # the work a drain waits for (sequences held or running)
+    draining: bool = False
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -46,6 +64,25 @@ class ServerHandle:
         self.server.stop(grace).wait()
         for fn in self.on_stop:
             fn()
+
+    def drain(self, grace: float | None = None) -> None:
+        """Stop gracefully: readiness false (health NOT_SERVING) and new work refused first, then the work in
+        flight gets up to ``grace`` seconds (default ``drain_grace``) to finish, then the server stops."""
+        grace = self.drain_grace if grace is None else grace
+        give_up = time.monotonic() + grace
+        self.set_serving(False)
+        self.draining = True
+        for fn in self.on_drain:
+            fn()
+        left = self.in_flight()
+        while left > 0 and time.monotonic() < give_up:
+            time.sleep(0.05)
+            left = self.in_flight()
+        if left:
+            logger.warning("drain: %d still in flight after %.0f s; stopping anyway", left, grace)
+        else:
+            logger.info("drain: nothing in flight; stopping")
+        self.stop(max(0.5, give_up - time.monotonic()) if left else 0.5)
 
     def wait(self) -> None:
         self.server.wait_for_termination()
@@ -67,8 +104,13 @@ def start_metrics_server(handle: ServerHandle, port: int | None, host: str) -> N
 
 
 def channel_options() -> list[tuple[str, int]]:
-    """Options of every channel to a specdec service (message size limits as the servers')."""
-    return list(_MESSAGE_LIMITS)
+    """Options of every channel to a specdec service (message size limits as the servers', keepalive)."""
+    return [*_MESSAGE_LIMITS, *_CLIENT_KEEPALIVE]
+
+
+def server_options() -> list[tuple[str, int]]:
+    """Options of every specdec gRPC server (message size limits, the clients' keepalive pings permitted)."""
+    return [*_MESSAGE_LIMITS, *_SERVER_KEEPALIVE, ("grpc.so_reuseport", 0)]
 
 
 def start_server(
@@ -85,7 +127,7 @@ def start_server(
     ``credentials`` (``specdec.serving.tls.server_credentials``): the port speaks TLS only (None:
     plaintext). ``interceptors`` run before every call (e.g. ``specdec.serving.auth.ApiKeyInterceptor``)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=list(interceptors),
-                         options=[*_MESSAGE_LIMITS, ("grpc.so_reuseport", 0)])
+                         options=server_options())
     register(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -120,15 +162,17 @@ def time_remaining(context: grpc.ServicerContext) -> float | None:
     return remaining if remaining is not None and remaining < 1e8 else None
 
 
-def serve_until_signal(handle: ServerHandle, grace: float = 10.0) -> None:
-    """Block until SIGTERM/SIGINT, then shut down gracefully."""
+def serve_until_signal(handle: ServerHandle, grace: float | None = None) -> None:
+    """Block until SIGTERM/SIGINT, then drain (``ServerHandle.drain``: readiness false and new work refused at
+    once, work in flight finishes within ``grace``, default the handle's --drain-grace-seconds) and stop."""
     done = threading.Event()
+    grace = handle.drain_grace if grace is None else grace
 
     def on_signal(signum, _frame):
-        logger.info("signal %d: stopping (grace %.0f s)", signum, grace)
+        logger.info("signal %d: draining (up to %.0f s), then stopping", signum, grace)
         done.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     done.wait()
-    handle.stop(grace)
+    handle.drain(grace)

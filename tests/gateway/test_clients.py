@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+import time
 
 import grpc
 import pytest
 
 from gateway.clients import RemoteTarget, shared_prefix
+from gateway.deadlines import CallDeadline
+from specdec.errors import BackendUnavailableError, DeadlineExceededError
 from specdec.proposal import Proposal
 from specdec.sampling import SamplingParams
 
@@ -20,24 +23,78 @@ class _DeadlineExceeded(grpc.RpcError):
         return "Deadline Exceeded"
 
 
+class _Done:
+    """A finished call's future (what ``ReleaseSequence.future`` returns)."""
+
+    def cancelled(self):
+        return False
+
+    def exception(self):
+        return None
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+
+class _Release:
+    def __init__(self, released: list[str]):
+        self.released = released
+
+    def future(self, request, timeout=None):
+        self.released.append(request.sequence_id)
+        return _Done()
+
+
 class _Stub:
     """Verify fails as a deadline does after the service already created the sequence."""
 
     def __init__(self):
         self.released: list[str] = []
+        self.timeouts: list[float] = []
+        self.ReleaseSequence = _Release(self.released)  # noqa: N815 - gRPC method name
 
     def Verify(self, request, timeout=None):  # noqa: N802 - gRPC method name
+        self.timeouts.append(timeout)
         raise _DeadlineExceeded()
 
-    def ReleaseSequence(self, request, timeout=None):  # noqa: N802 - gRPC method name
-        self.released.append(request.sequence_id)
+
+def test_every_call_has_a_deadline_and_a_hung_backend_is_unavailable_by_name():
+    """No request deadline: the call still gets one (the floor, before anything was measured); running past
+    it is UNAVAILABLE naming the backend (a replica set moves the sequence on; alone: 503), and the target
+    is marked down. Past the request's own deadline it is DEADLINE_EXCEEDED, and the backend is not blamed."""
+    client = RemoteTarget("127.0.0.1:1")
+    client.call_deadline = CallDeadline(floor=1.5, factor=8.0)
+    stub = client._stub = _Stub()
+    downs = []
+    client.on_unavailable = lambda: downs.append(1)
+    try:
+        with pytest.raises(BackendUnavailableError, match=r"target service at 127.0.0.1:1 did not answer within 1.5 s"):
+            client.verify("s1", [1, 2, 3], Proposal([4]), SamplingParams(temperature=0))
+        assert stub.timeouts == [1.5] and downs == [1]
+        client.set_deadline("s2", time.monotonic() + 0.5)  # the client's deadline comes first
+        with pytest.raises(DeadlineExceededError):
+            client.verify("s2", [1, 2, 3], Proposal([4]), SamplingParams(temperature=0))
+        assert 0 < stub.timeouts[-1] <= 0.5 and downs == [1]
+    finally:
+        client.close()
+
+
+def test_a_calls_deadline_follows_the_backends_measured_times():
+    deadline = CallDeadline(floor=2.0, factor=8.0)
+    assert deadline.timeout(1) == 2.0 and deadline.timeout(4096) == 8.0  # unmeasured: the floor per 1024 tokens
+    deadline.observe(0.01, 1)
+    assert deadline.timeout(1) == 2.0  # a fast backend: the floor
+    deadline.observe(0.5, 3)
+    assert deadline.timeout(1) == pytest.approx(4.0)  # 8 x the slowest recent call
+    deadline.observe(1.0, 100)  # a prefill: 10 ms per token sent
+    assert deadline.timeout(5000) == pytest.approx(8 * 0.01 * 5000)  # a long prefill is not cut
 
 
 def test_a_sequence_whose_first_call_failed_is_still_released():
     client = RemoteTarget("127.0.0.1:1")  # never connected: the stub stands in for the service
     stub = client._stub = _Stub()
     try:
-        with pytest.raises(TimeoutError):
+        with pytest.raises(BackendUnavailableError):
             client.verify("s1", [1, 2, 3], Proposal([4]), SamplingParams(temperature=0))
         client.release("s1")
         assert stub.released == ["s1"]
@@ -253,7 +310,7 @@ def test_each_call_sends_what_follows_the_history_last_sent_on_random_histories(
                     client.verify(sid, history, Proposal([]), SamplingParams(temperature=0))
                     assert not stub.fail
                     held = list(history)
-                except TimeoutError:
+                except BackendUnavailableError:  # past the call's own deadline (the request set none)
                     assert stub.fail
                 if preempted:  # that call, then the whole history again
                     assert sent[-2:] == [(start, history[start:]), (0, list(history))]

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gateway import scheduler as scheduler_module
 from specdec.serving import batching, metrics
 from tests import metrics_helpers
 from specdec.v1 import generation_service_pb2_grpc
@@ -84,8 +83,8 @@ def test_concurrent_streams_match_solo_runs_and_each_step_is_one_batch(stack, ge
     # A batch waits for its whole group however long that takes here: a hint that did not match the
     # calls actually sent would now stall the test instead of passing by luck of timing.
     monkeypatch.setattr(batching, "GROUP_WAIT_S", 30.0)
-    monkeypatch.setattr(scheduler_module, "MIN_STALL_S", 60.0)  # and no step is ever taken for stalled
     gateway = stack.gateway.backend
+    monkeypatch.setattr(gateway.scheduler, "min_stall_seconds", 60.0)  # and no step is ever taken for stalled
     runner = stack.target.backend.runner
     passes: list[int] = []  # sequences per target pass
     forward_paged = runner._forward_paged
@@ -191,7 +190,7 @@ def test_overlapped_streams_match_the_target_alone_and_lookaheads_batch_whole(se
     stub = generation_service_pb2_grpc.GenerationServiceStub(stack.channel(gw))
     requests = _requests()
     monkeypatch.setattr(batching, "GROUP_WAIT_S", 30.0)  # a wrong hint stalls rather than passes by luck
-    monkeypatch.setattr(scheduler_module, "MIN_STALL_S", 60.0)
+    monkeypatch.setattr(gw.backend.scheduler, "min_stall_seconds", 60.0)
     used, dropped = _lookaheads("used"), _lookaheads("dropped")
     with _Records(gw.backend, stack.target.backend, stack.draft.backend, wait_for=NUM_STREAMS) as rec:
         with ThreadPoolExecutor(NUM_STREAMS) as pool:

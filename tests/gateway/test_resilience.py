@@ -68,7 +68,8 @@ class FakeDraft:
 
 def test_fallback_proposes_nothing_when_the_draft_fails_and_skips_it_while_open():
     clock = Clock()
-    remote = FakeDraft([[1, 2], BackendUnavailableError("down"), DeadlineExceededError("slow"), [3]])
+    # (a call past its own deadline is BackendUnavailableError: see gateway.clients)
+    remote = FakeDraft([[1, 2], BackendUnavailableError("down"), BackendUnavailableError("did not answer"), [3]])
     draft = FallbackDraft(remote, CircuitBreaker(2, 1.0, clock=clock), "m")
     params = SamplingParams(temperature=0)
     assert draft.propose("s", [1], 2, params).draft_token_ids == [1, 2]
@@ -79,6 +80,30 @@ def test_fallback_proposes_nothing_when_the_draft_fails_and_skips_it_while_open(
     assert draft.propose("s", [1], 2, params).draft_token_ids == [3] and remote.calls == 4  # probe: back
     draft.release("s")  # a failing release never fails the request
     assert draft.address == "fake:1"  # the rest of the client's interface passes through
+
+
+def test_a_clients_own_deadline_is_not_a_draft_failure():
+    """The request's deadline passing during a Propose says nothing about the draft: it neither counts
+    towards opening the breaker nor keeps a half-open breaker's probe, and the request ends with it."""
+    clock = Clock()
+    late = DeadlineExceededError("draft service: the request's deadline passed")
+    remote = FakeDraft([late, late, late, BackendUnavailableError("down"), late, [7]])
+    draft = FallbackDraft(remote, CircuitBreaker(2, 1.0, clock=clock), "m")
+    params = SamplingParams(temperature=0)
+    for _ in range(3):
+        with pytest.raises(DeadlineExceededError):
+            draft.propose("s", [1], 2, params)
+    assert draft.breaker.state == CLOSED  # three expired deadlines: no failure counted
+    draft.breaker.state, draft.breaker._opened_at = OPEN, clock.now  # (open, as after real failures)
+    clock.now += 1.5
+    assert draft.propose("s", [1], 2, params).draft_token_ids == []  # the probe fails: open again
+    assert draft.breaker.state == OPEN
+    clock.now += 1.5
+    with pytest.raises(DeadlineExceededError):  # the probe's request ran out of time ...
+        draft.propose("s", [1], 2, params)
+    assert draft.breaker.state == HALF_OPEN  # ... which leaves the breaker as it was: the next call probes
+    assert draft.propose("s", [1], 2, params).draft_token_ids == [7]
+    assert draft.breaker.state == CLOSED
 
 
 def test_fallback_keeps_a_callers_mistake_an_error():

@@ -1,0 +1,46 @@
+"""Deadlines of the gateway's backend calls, from the measured time of each backend's calls.
+
+A call the client set no deadline for still gets one: ``factor`` x the slowest recent call of that
+backend, and for a call that sends many tokens (a prefill) ``factor`` x the slowest recent time per
+token sent times its tokens, never less than ``floor`` seconds. A busy backend is waited for and a
+long prefill is not cut, but a backend that stops answering (SIGSTOP, a stuck GPU, a half-open TCP
+connection) is found out within seconds: the call fails with UNAVAILABLE naming the backend, and the
+gateway moves the sequence to another replica or answers 503.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+# Before any call was measured, a call gets the floor for every this many tokens it sends.
+UNMEASURED_TOKENS_PER_FLOOR = 1024
+# Calls sending at least this many tokens teach the time per token (a decode round's time is its overhead).
+MIN_TOKENS_PER_TOKEN_RATE = 16
+
+
+class CallDeadline:
+    """The deadline (seconds) of a backend's next call, learnt from its recent calls."""
+
+    def __init__(self, floor: float, factor: float, window: int = 64):
+        self.floor = floor
+        self.factor = factor
+        self._calls: collections.deque[float] = collections.deque(maxlen=window)  # seconds of recent calls
+        self._per_token: collections.deque[float] = collections.deque(maxlen=window)  # seconds per token sent
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float, tokens: int) -> None:
+        """A call that sent ``tokens`` tokens answered after ``seconds``."""
+        with self._lock:
+            self._calls.append(seconds)
+            if tokens >= MIN_TOKENS_PER_TOKEN_RATE:
+                self._per_token.append(seconds / tokens)
+
+    def timeout(self, tokens: int) -> float:
+        """The deadline of a call that sends ``tokens`` tokens."""
+        with self._lock:
+            if not self._calls:
+                return self.floor * max(1.0, tokens / UNMEASURED_TOKENS_PER_FLOOR)
+            slowest = max(self._calls)
+            per_token = max(self._per_token, default=0.0)
+        return max(self.floor, self.factor * slowest, self.factor * per_token * tokens)
