@@ -934,3 +934,64 @@ def test_tls_and_drain_contradictions_fail_with_a_reason(values, message):
 ])
 def test_schema_refuses_bad_tls_and_drain_values(values, message):
     test_schema_refuses_bad_values(values, message)
+
+
+def test_the_charts_tls_settings_serve_over_mutual_tls(pki, target_dir, good_draft_dir, monkeypatch):
+    """The tls-secret case's containers, configured by their rendered env (parsed by the CLI) with the
+    Secret's paths pointing at test certificates: the backends serve mutual TLS, the gateway dials their
+    resolved addresses (dns:///) checking the chart's serverName, and HTTPS requires client certificates.
+    The rendered probes, run as they would in the pods, pass; a client without a certificate is refused."""
+    import ssl
+
+    from draft_service.server import create_server as create_draft
+    from gateway.server import create_server as create_gateway
+    from target_service.server import create_server as create_target
+    from tests.gateway.openai.http_helpers import HOST, httpx
+
+    files = {TLS_FILES["ca"]: pki.ca, TLS_FILES["cert"]: pki.pod_cert, TLS_FILES["key"]: pki.pod_key}
+    remap = lambda config: dataclasses.replace(config, **{  # noqa: E731
+        f.name: files[value] for f in dataclasses.fields(config)
+        if isinstance(value := getattr(config, f.name), str) and value in files})
+    deployments = by_component(CASES["tls-secret"], "Deployment")
+    chart = {role: remap(_parse_like_the_cli(monkeypatch, container(d))) for role, d in deployments.items()}
+    local = {"host": HOST, "port": 0, "metrics_port": None, "num_threads": 1}
+    handles = []
+    try:
+        target = create_target(dataclasses.replace(chart["target"], model=str(target_dir), **local))
+        handles.append(target)
+        draft = create_draft(dataclasses.replace(chart["draft"], model=str(good_draft_dir), quantization="none",
+                                                 **local))
+        handles.append(draft)
+        gateway = create_gateway(dataclasses.replace(
+            chart["gateway"], draft_addr=f"dns:///localhost:{draft.port}", target_addr=f"dns:///localhost:{target.port}",
+            host=HOST, port=0, http_port=0, startup_timeout_seconds=60.0))
+        handles.append(gateway)
+        ports = {"draft": draft.port, "target": target.port, "gateway": gateway.http_port}
+
+        def probe(role: str) -> subprocess.CompletedProcess:
+            c = container(deployments[role])
+            command = [files.get(a, a) for a in c["readinessProbe"]["exec"]["command"]]
+            listens = {"gateway": c["ports"][0]["containerPort"], "draft": chart["draft"].port,
+                       "target": chart["target"].port}[role]
+            command = [a.replace(f"localhost:{listens}", f"localhost:{ports[role]}") for a in command]
+            return subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=120)
+
+        for role in ("target", "draft", "gateway"):
+            done = probe(role)
+            assert done.returncode == 0, (role, done.stdout, done.stderr)
+
+        context = ssl.create_default_context(cafile=pki.ca)
+        context.load_cert_chain(pki.pod_cert, pki.pod_key)
+        url = f"https://{HOST}:{gateway.http_port}"
+        with httpx.Client(verify=context, timeout=120) as client:
+            model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
+            out = client.post(f"{url}/v1/completions", json={"model": model, "prompt": "The quick brown fox",
+                                                             "max_tokens": 4, "temperature": 0})
+            assert out.status_code == 200, out.text
+            assert out.json()["usage"]["completion_tokens"] == 4
+        with httpx.Client(verify=ssl.create_default_context(cafile=pki.ca), timeout=30) as anonymous, \
+                pytest.raises(httpx.TransportError):
+            anonymous.get(f"{url}/health")
+    finally:
+        for handle in reversed(handles):
+            handle.stop(0)
