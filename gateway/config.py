@@ -5,7 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.config import spec_default
-from specdec.serving.tls import server_tls_field
+from specdec.errors import ConfigError
+from specdec.serving.tls import check_ca_file, check_key_pair, server_tls_field
+
+# --ssl-cert-reqs, as vLLM's (Python's ssl.CERT_NONE / CERT_OPTIONAL / CERT_REQUIRED)
+SSL_CERT_REQS = (0, 1, 2)
+
+
+def parse_cert_reqs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value not in SSL_CERT_REQS:
+        raise ValueError(f"{text!r} is not 0 (none), 1 (optional) or 2 (required)")
+    return value
 
 ENV_PREFIX = "SPECDEC_GATEWAY"
 
@@ -95,3 +109,25 @@ class GatewayConfig:
         "help": "name the backends' certificates carry, when it is not the host of --draft-addr/--target-addr"})
     ssl_certfile: str | None = field(default=None, metadata={"help": "PEM certificate of the HTTP port: serve HTTPS"})
     ssl_keyfile: str | None = field(default=None, metadata={"help": "PEM private key of --ssl-certfile"})
+    ssl_ca_certs: str | None = field(default=None, metadata={
+        "help": "PEM CA bundle that HTTPS clients' certificates are checked against (with --ssl-cert-reqs 1 or 2)"})
+    ssl_cert_reqs: int = field(default=0, metadata={
+        "parse": parse_cert_reqs, "metavar": "{0,1,2}",
+        "help": "client certificates on the HTTPS port, as Python's ssl.CERT_*: 0 none, 1 optional (checked when "
+                "sent), 2 required (a client without one signed by --ssl-ca-certs fails the handshake)"})
+
+
+def https_settings(config: GatewayConfig) -> dict:
+    """uvicorn's TLS settings (``ssl_certfile``, ``ssl_keyfile``, ``ssl_ca_certs``, ``ssl_cert_reqs``) from the
+    gateway's ``--ssl-*`` flags, every file checked now ({}: plain HTTP). A ConfigError names the flag."""
+    if not check_key_pair(config.ssl_certfile, config.ssl_keyfile, "--ssl-certfile", "--ssl-keyfile"):
+        if config.ssl_ca_certs is not None or config.ssl_cert_reqs:
+            raise ConfigError("--ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile and --ssl-keyfile (HTTPS)")
+        return {}
+    if config.ssl_cert_reqs and config.ssl_ca_certs is None:
+        raise ConfigError(f"--ssl-cert-reqs {config.ssl_cert_reqs} needs --ssl-ca-certs: the CA that signs the "
+                          "clients' certificates")
+    if config.ssl_ca_certs is not None:
+        check_ca_file(config.ssl_ca_certs, "--ssl-ca-certs")
+    return {"ssl_certfile": config.ssl_certfile, "ssl_keyfile": config.ssl_keyfile,
+            "ssl_ca_certs": config.ssl_ca_certs, "ssl_cert_reqs": config.ssl_cert_reqs}

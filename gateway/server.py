@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import grpc
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, https_settings
 from gateway.generation import Gateway, deadline_from_timeout
 from specdec.errors import InvalidRequestError
 from specdec.serving.auth import ApiKeyInterceptor, ApiKeys
 from specdec.serving.grpc_errors import map_errors, map_stream_errors, status_code_for
 from specdec.serving.metrics import request_error
 from specdec.serving.server import ServerHandle, start_metrics_server, start_server, time_remaining
-from specdec.serving.tls import check_key_pair, server_credentials_from
+from specdec.serving.tls import server_credentials_from
 from specdec.serving.wire import logprobs_to_proto, optional_field, sampling_from_proto
 from specdec.sequence import SequenceState
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
@@ -104,7 +104,7 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
     metadata, as /v1/* needs the header. TLS files are checked before the backends are contacted."""
     keys = ApiKeys.load(config.api_key, config.api_key_file)
     credentials = server_credentials_from(config)
-    https = check_key_pair(config.ssl_certfile, config.ssl_keyfile, "--ssl-certfile", "--ssl-keyfile")
+    https = https_settings(config)
     gateway = gateway or Gateway(config)
     servicer = GenerationServicer(gateway)
 
@@ -132,9 +132,7 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
         app = create_app(gateway, api_key=keys, served_model_name=config.served_model_name,
                          request_timeout=config.request_timeout_seconds)
         try:
-            http = HttpServer(app, config.host, config.http_port,
-                              ssl_certfile=config.ssl_certfile if https else None,
-                              ssl_keyfile=config.ssl_keyfile if https else None)
+            http = HttpServer(app, config.host, config.http_port, **https)
         except BaseException:  # e.g. the HTTP port is taken: stop what already started
             handle.stop(0)
             raise

@@ -2,7 +2,9 @@
 
 ``make_pki(folder)`` writes PEM files: a CA, a server certificate it signed (names ``localhost``,
 ``127.0.0.1`` and ``SERVER_NAME``), a client certificate it signed, and a second CA with a client
-certificate of its own (what a mutual-TLS server must refuse). EC P-256 keys: made in milliseconds.
+certificate of its own (what a mutual-TLS server must refuse), and a "pod" certificate that serves and
+dials alike (server and client auth, the server certificate's names), as one the Helm chart mounts in
+every pod. EC P-256 keys: made in milliseconds.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class Pki:
     other_ca: str  # another CA, and a client certificate it signed
     other_client_cert: str
     other_client_key: str
+    pod_cert: str  # server and client auth, the server certificate's names
+    pod_key: str
     folder: Path
 
 
@@ -41,7 +45,8 @@ def _key():
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _certificate(subject: str, key, issuer_name, issuer_key, ca: bool = False, server: bool = False):
+def _certificate(subject: str, key, issuer_name, issuer_key, ca: bool = False, server: bool = False,
+                 client: bool = False):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -61,8 +66,10 @@ def _certificate(subject: str, key, issuer_name, issuer_key, ca: bool = False, s
             key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
             decipher_only=False), critical=True)
     else:
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+        if client or not server:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     if server:
         builder = builder.add_extension(x509.SubjectAlternativeName([
             x509.DNSName("localhost"), x509.DNSName(SERVER_NAME), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
@@ -87,10 +94,11 @@ def make_pki(folder: Path) -> Pki:
     ca_key, other_ca_key = _key(), _key()
     ca = _certificate("specdec test CA", ca_key, None, None, ca=True)
     other_ca = _certificate("another CA", other_ca_key, None, None, ca=True)
-    server_key, client_key, other_client_key = _key(), _key(), _key()
+    server_key, client_key, other_client_key, pod_key = _key(), _key(), _key(), _key()
     server = _certificate("localhost", server_key, ca.subject, ca_key, server=True)
     client = _certificate("specdec-gateway", client_key, ca.subject, ca_key)
     other_client = _certificate("intruder", other_client_key, other_ca.subject, other_ca_key)
+    pod = _certificate("specdec-pod", pod_key, ca.subject, ca_key, server=True, client=True)
     return Pki(
         ca=_write(folder, "ca.pem", ca),
         server_cert=_write(folder, "server.pem", server), server_key=_write(folder, "server.key", key=server_key),
@@ -98,5 +106,6 @@ def make_pki(folder: Path) -> Pki:
         other_ca=_write(folder, "other-ca.pem", other_ca),
         other_client_cert=_write(folder, "other-client.pem", other_client),
         other_client_key=_write(folder, "other-client.key", key=other_client_key),
+        pod_cert=_write(folder, "pod.pem", pod), pod_key=_write(folder, "pod.key", key=pod_key),
         folder=folder,
     )

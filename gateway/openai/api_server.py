@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import ssl
 import threading
 import time
 
@@ -180,8 +181,10 @@ class HttpServer:
     """uvicorn in a background thread on a socket we bind ourselves (so port 0 works in tests)."""
 
     def __init__(self, app: FastAPI, host: str, port: int, ssl_certfile: str | None = None,
-                 ssl_keyfile: str | None = None):
-        """``ssl_certfile`` + ``ssl_keyfile`` (PEM): serve HTTPS (uvicorn's settings, as vLLM's flags)."""
+                 ssl_keyfile: str | None = None, ssl_ca_certs: str | None = None, ssl_cert_reqs: int = ssl.CERT_NONE):
+        """``ssl_certfile`` + ``ssl_keyfile`` (PEM): serve HTTPS; ``ssl_ca_certs`` + ``ssl_cert_reqs`` (1
+        optional, 2 required): check clients' certificates against that CA (uvicorn's settings, as vLLM's
+        flags; ``gateway.config.https_settings`` checks them)."""
         import uvicorn
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -190,7 +193,8 @@ class HttpServer:
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
-                                                    ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile))
+                                                    ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                                                    ssl_ca_certs=ssl_ca_certs, ssl_cert_reqs=int(ssl_cert_reqs)))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="http", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10

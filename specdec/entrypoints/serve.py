@@ -51,12 +51,13 @@ class Stack:
 
 def check_security_files(cfg: ServeConfig) -> None:
     """Read the API key file and the TLS files, and check each certificate against its key (ConfigError)."""
+    from gateway.config import https_settings
     from specdec.serving.auth import ApiKeys
-    from specdec.serving.tls import check_key_pair, server_credentials
+    from specdec.serving.tls import server_credentials
 
     ApiKeys.load(cfg.api_key, cfg.api_key_file)
     server_credentials(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
-    check_key_pair(cfg.ssl_certfile, cfg.ssl_keyfile, "--ssl-certfile", "--ssl-keyfile")
+    https_settings(cfg)
 
 
 def start_stack(cfg: ServeConfig) -> Stack:

@@ -57,6 +57,12 @@ def _check_ca(ca_file: str, flag: str) -> None:
         raise ConfigError(f"{flag}: {ca_file!r} holds no usable CA certificate: {exc.reason or exc}") from None
 
 
+def check_ca_file(ca_file: str, flag: str) -> None:
+    """A readable PEM file holding at least one CA certificate, else a ConfigError naming ``flag``."""
+    _read(ca_file, flag)
+    _check_ca(ca_file, flag)
+
+
 def check_key_pair(cert_file: str | None, key_file: str | None, cert_flag: str, key_flag: str) -> bool:
     """Whether TLS is on (both given and matching); one without the other is a ConfigError."""
     if cert_file is None and key_file is None:

@@ -31,7 +31,7 @@ EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 RELEASE, NAMESPACE = "demo", "llm"
 # kubernetes-validate 1.37.0 knows 1.25-1.37; the chart says kubeVersion >= 1.27 (native gRPC probes).
 KUBE_VERSIONS = ("1.30.0", "1.34.0", "1.37.0")
-CRDS = {"ServiceMonitor"}  # not in Kubernetes' schemas: checked by hand below
+CRDS = {"ServiceMonitor", "Certificate"}  # not in Kubernetes' schemas: checked by hand below
 INSTALL = "pip install helm-python-sdk==0.2.2 kubernetes-validate==1.37.0"
 API_KEY = "sk-chart-test"
 
@@ -92,6 +92,10 @@ CASES = {
     "default": {},
     **{p.name.removesuffix("-values.yaml"): yaml.safe_load(p.read_text()) for p in EXAMPLES},
     "api-key-value": {"gateway": {"apiKey": {"value": API_KEY}}},
+    # One Secret of the operator's for every pod; HTTPS requiring client certificates, TLS on gRPC too.
+    "tls-secret": {"tls": {"enabled": True, "secretName": "specdec-tls", "serverName": "specdec-test-server",
+                           "http": {"enabled": True, "clientCertReqs": 2}, "grpc": {"enabled": True}},
+                   "metrics": {"serviceMonitor": {"enabled": True}}},
     "everything": merge(example("monitoring"), example("scale-out"), example("tli"), EVERY_CONFIG,
                         {"gateway": {"apiKey": {"value": API_KEY}},
                          "speculativeConfig": {"max_model_len": 4096, "revision": "v1",
@@ -347,6 +351,10 @@ def test_gateway_dials_the_backend_services(case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_probes_hit_container_ports(case):
+    from specdec.entrypoints import healthcheck
+
+    tls = merge(yaml.safe_load((CHART / "values.yaml").read_text()), CASES[case])["tls"]
+    tls_files = [f"{tls['mountPath']}/{name}" for name in ("ca.crt", "tls.crt", "tls.key")]
     for role, deployment in by_component(CASES[case], "Deployment").items():
         c = container(deployment)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -354,10 +362,24 @@ def test_probes_hit_container_ports(case):
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = c[kind]
             if role == "gateway":
-                assert probe["httpGet"]["port"] == "http"
                 assert ports["http"] == int(env["SPECDEC_GATEWAY_HTTP_PORT"])
                 ready = CASES[case].get("gateway", {}).get("readinessPath", "/ready")
-                assert probe["httpGet"]["path"] == (ready if kind == "readinessProbe" else "/health")
+                path = ready if kind == "readinessProbe" else "/health"
+                if tls["http"]["enabled"] and tls["http"]["clientCertReqs"] == 2:  # kubelet has no certificate
+                    command = probe["exec"]["command"]
+                    assert command[:2] == ["python", "-c"] and command[4:] == tls_files
+                    assert command[3] == f"https://localhost:{ports['http']}{path}"
+                else:
+                    assert probe["httpGet"]["port"] == "http" and probe["httpGet"]["path"] == path
+                    assert probe["httpGet"].get("scheme", "HTTP") == ("HTTPS" if tls["http"]["enabled"] else "HTTP")
+            elif tls["enabled"]:  # kubelet's gRPC probe speaks plaintext only: the image's probe, over TLS
+                command = probe["exec"]["command"]
+                assert command[:3] == ["python", "-m", "specdec.entrypoints.healthcheck"]
+                args = healthcheck.build_parser().parse_args(command[3:])
+                assert args.address == f"localhost:{ports['grpc']}" == f"localhost:{env[f'SPECDEC_{role.upper()}_PORT']}"
+                assert [args.tls_ca_file, args.tls_cert_file, args.tls_key_file] == tls_files
+                assert args.tls_server_name == env_of(container(by_component(CASES[case], "Deployment")["gateway"]))[
+                    "SPECDEC_GATEWAY_BACKEND_TLS_SERVER_NAME"]
             else:
                 assert probe["grpc"]["port"] == ports["grpc"] == int(env[f"SPECDEC_{role.upper()}_PORT"])
         start = c["startupProbe"]
@@ -744,3 +766,232 @@ def test_ngram_and_hybrid_drafting_reach_the_draft_service():
     assert (draft["SPECDEC_DRAFT_METHOD"], draft["SPECDEC_DRAFT_PROMPT_LOOKUP_MAX"],
             draft["SPECDEC_DRAFT_PROMPT_LOOKUP_MIN"]) == ("ngram", "5", "2")
     assert gateway["SPECDEC_GATEWAY_DISABLE_BY_BATCH_SIZE"] == "8"
+
+
+# -- TLS ------------------------------------------------------------------------------------------------
+
+TLS_DIR = "/etc/specdec/tls"
+TLS_FILES = {"ca": f"{TLS_DIR}/ca.crt", "cert": f"{TLS_DIR}/tls.crt", "key": f"{TLS_DIR}/tls.key"}
+CERT_MANAGER = {"tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"name": "my-ca"}},
+                        "http": {"enabled": True}}}
+
+
+def _pod(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]
+
+
+def _mounted_secret(deployment: dict) -> str:
+    """The Secret mounted read-only at the TLS folder of this Deployment's container."""
+    (mount,) = [m for m in container(deployment)["volumeMounts"] if m["mountPath"] == TLS_DIR]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in _pod(deployment)["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["defaultMode"] == 0o440
+    return volume["secret"]["secretName"]
+
+
+@pytest.mark.parametrize("case", ["tls-secret", "tls"])
+def test_tls_mounts_the_secret_and_sets_every_hop(case, monkeypatch):
+    values = CASES[case]
+    deployments = by_component(values, "Deployment")
+    for role, deployment in deployments.items():
+        expected = "specdec-tls" if case == "tls-secret" else f"{fullname(role)}-tls"
+        assert _mounted_secret(deployment) == expected, role
+    configs = {role: _parse_like_the_cli(monkeypatch, container(d)) for role, d in deployments.items()}
+    for role in ("draft", "target"):  # TLS only, clients need a certificate from ca.crt
+        c = configs[role]
+        assert (c.tls_cert_file, c.tls_key_file, c.tls_client_ca_file) == (
+            TLS_FILES["cert"], TLS_FILES["key"], TLS_FILES["ca"])
+    gateway = configs["gateway"]
+    assert (gateway.backend_tls_ca_file, gateway.backend_tls_cert_file, gateway.backend_tls_key_file) == (
+        TLS_FILES["ca"], TLS_FILES["cert"], TLS_FILES["key"])
+    assert gateway.backend_tls_server_name == ("specdec-test-server" if case == "tls-secret"
+                                               else f"{RELEASE}-specdec-backends.{NAMESPACE}.svc")
+    assert (gateway.ssl_certfile, gateway.ssl_keyfile) == (TLS_FILES["cert"], TLS_FILES["key"])
+    reqs = values["tls"]["http"]["clientCertReqs"]
+    assert (gateway.ssl_ca_certs, gateway.ssl_cert_reqs) == ((TLS_FILES["ca"], 2) if case == "tls-secret" else (None, 0))
+    grpc_tls = values["tls"].get("grpc", {}).get("enabled", False)
+    assert (gateway.tls_cert_file, gateway.tls_key_file) == ((TLS_FILES["cert"], TLS_FILES["key"]) if grpc_tls
+                                                             else (None, None))
+    assert gateway.tls_client_ca_file is None
+    # `helm test` reaches the gateway over HTTPS, trusting the release's CA (its certificate when asked).
+    (pod,) = objects(values, "Pod")
+    (c,) = pod["spec"]["containers"]
+    env = env_of(c)
+    assert env["GATEWAY_URL"].startswith(f"https://{fullname('gateway')}:")
+    assert env["CA_FILE"] == TLS_FILES["ca"] and ("CERT_FILE" in env) == (reqs > 0)
+    assert {m["mountPath"]: m.get("readOnly") for m in c["volumeMounts"]}[TLS_DIR] is True
+    assert [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v] == [
+        _mounted_secret(deployments["gateway"])]
+
+
+def test_without_tls_nothing_is_mounted_or_set():
+    for deployment in objects({}, "Deployment"):
+        c = container(deployment)
+        assert not [n for n in env_of(c) if "TLS" in n or "SSL" in n]
+        assert not [v for v in _pod(deployment)["volumes"] if "secret" in v]
+    assert not objects({}, "Certificate")
+
+
+def test_mutual_off_serves_tls_without_client_certificates(monkeypatch):
+    deployments = by_component({"tls": {"enabled": True, "secretName": "s", "mutual": False}}, "Deployment")
+    target = _parse_like_the_cli(monkeypatch, container(deployments["target"]))
+    assert (target.tls_cert_file, target.tls_client_ca_file) == (TLS_FILES["cert"], None)
+    gateway = _parse_like_the_cli(monkeypatch, container(deployments["gateway"]))
+    assert (gateway.backend_tls_ca_file, gateway.backend_tls_cert_file) == (TLS_FILES["ca"], None)
+    assert "--tls-cert-file" not in container(deployments["target"])["readinessProbe"]["exec"]["command"]
+
+
+def test_cert_manager_renders_a_certificate_per_service():
+    values = merge(CASES["tls"], {"tls": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}})
+    certificates = by_component(values, "Certificate")
+    deployments = by_component(values, "Deployment")
+    services = by_component(values, "Service")
+    gateway_env = env_of(container(deployments["gateway"]))
+    assert set(certificates) == {"gateway", "draft", "target"}
+    for role, certificate in certificates.items():
+        spec = certificate["spec"]
+        assert certificate["apiVersion"] == "cert-manager.io/v1"
+        assert spec["secretName"] == _mounted_secret(deployments[role])
+        assert spec["issuerRef"] == {"name": "specdec-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+        assert {"server auth", "client auth"} <= set(spec["usages"])  # serves, and dials (mutual TLS, probes)
+        service = services[role]["metadata"]["name"]
+        assert f"{service}.{NAMESPACE}.svc.cluster.local" in spec["dnsNames"] and service in spec["dnsNames"]
+        if role == "gateway":
+            assert "llm.example.internal" in spec["dnsNames"]
+            assert gateway_env["SPECDEC_GATEWAY_SSL_CERTFILE"] == TLS_FILES["cert"]
+        else:  # the name the gateway checks: it dials the pods' addresses
+            assert gateway_env["SPECDEC_GATEWAY_BACKEND_TLS_SERVER_NAME"] in spec["dnsNames"]
+            dialed = gateway_env[f"SPECDEC_GATEWAY_{role.upper()}_ADDR"].removeprefix("dns:///").rsplit(":", 1)[0]
+            assert dialed in spec["dnsNames"]
+        for duration in (spec["duration"], spec["renewBefore"]):
+            assert re.fullmatch(r"[0-9]+h", duration)
+    assert not objects(CASES["tls-secret"], "Certificate"), "an existing Secret is not the chart's to make"
+
+
+def test_gateway_metrics_are_scraped_over_https():
+    monitor = by_component(CASES["tls-secret"], "ServiceMonitor")["gateway"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    tls = endpoint["tlsConfig"]
+    assert tls["ca"]["secret"] == {"name": "specdec-tls", "key": "ca.crt"}
+    assert tls["cert"]["secret"] == {"name": "specdec-tls", "key": "tls.crt"}
+    assert tls["keySecret"] == {"name": "specdec-tls", "key": "tls.key"}
+    for role in ("draft", "target"):  # their metrics ports are plain HTTP
+        assert "scheme" not in by_component(CASES["tls-secret"], "ServiceMonitor")[role]["spec"]["endpoints"][0]
+
+
+# -- stopping: drain window, preStop, grace period --------------------------------------------------------
+
+@pytest.mark.parametrize("values, grace, sleep, drain", [
+    ({}, 35, 5, 25),
+    ({"drainGraceSeconds": 60}, 70, 5, 60),
+    ({"preStopSleepSeconds": 0, "drainGraceSeconds": 10}, 15, None, 10),
+    ({"gateway": {"terminationGracePeriodSeconds": 120}, "draft": {"terminationGracePeriodSeconds": 30},
+      "target": {"terminationGracePeriodSeconds": 300}}, {"gateway": 120, "draft": 30, "target": 300}, 5, 25),
+])
+def test_a_stopping_pod_drains_within_its_grace_period(values, grace, sleep, drain, monkeypatch):
+    for role, deployment in by_component(values, "Deployment").items():
+        pod, c = _pod(deployment), container(deployment)
+        expected = grace[role] if isinstance(grace, dict) else grace
+        assert pod["terminationGracePeriodSeconds"] == expected, role
+        prestop = c.get("lifecycle", {}).get("preStop")
+        assert (prestop["exec"]["command"] if prestop else None) == (["sleep", str(sleep)] if sleep else None)
+        assert env_of(c)[f"SPECDEC_{role.upper()}_DRAIN_GRACE_SECONDS"] == str(drain)
+        assert (sleep or 0) + drain <= expected, "the kubelet would kill the pod mid-drain"
+        config = _parse_like_the_cli(monkeypatch, c)
+        assert config.drain_grace_seconds == drain
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"tls": {"enabled": True}}, "tls.enabled needs tls.secretName"),
+    ({"tls": {"enabled": True, "secretName": "s", "certManager": {"enabled": True, "issuerRef": {"name": "ca"}}}},
+     "set secretName .* or certManager.enabled .*, not both"),
+    ({"tls": {"enabled": True, "certManager": {"enabled": True}}}, "tls.certManager needs issuerRef.name"),
+    ({"tls": {"http": {"enabled": True}}}, "tls.http.enabled and tls.grpc.enabled need tls.enabled"),
+    ({"tls": {"enabled": True, "secretName": "s", "http": {"clientCertReqs": 2}}},
+     "tls.http.clientCertReqs needs tls.http.enabled"),
+    ({"target": {"terminationGracePeriodSeconds": 20}},
+     "terminationGracePeriodSeconds 20 is shorter than preStopSleepSeconds \\+ drainGraceSeconds \\(30\\)"),
+])
+def test_tls_and_drain_contradictions_fail_with_a_reason(values, message):
+    helm = _helm()
+    with pytest.raises(helm.HelmRenderError, match=message):
+        with helm.Chart.load(str(CHART)) as chart:
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"tls": {"http": {"clientCertReqs": 3}}}, "at '/tls/http/clientCertReqs'"),
+    ({"tls": {"mountPath": "etc/tls"}}, "at '/tls/mountPath'"),
+    ({"tls": {"secretName": 7}}, "at '/tls/secretName': got number, want string"),
+    ({"tls": {"certManager": {"issuerRef": {"kind": ""}}}}, "at '/tls/certManager/issuerRef/kind'"),
+    ({"tls": {"certManager": {"duration": "90 days"}}}, "at '/tls/certManager/duration'"),
+    ({"tls": {"cert": "x"}}, "additional properties 'cert' not allowed"),
+    ({"drainGraceSeconds": -1}, "at '/drainGraceSeconds'"),
+    ({"drainGraceSeconds": "25"}, "at '/drainGraceSeconds': got string, want integer"),
+    ({"preStopSleepSeconds": 1.5}, "at '/preStopSleepSeconds'"),
+    ({"gateway": {"terminationGracePeriodSeconds": "long"}}, "at '/gateway/terminationGracePeriodSeconds'"),
+])
+def test_schema_refuses_bad_tls_and_drain_values(values, message):
+    test_schema_refuses_bad_values(values, message)
+
+
+def test_the_charts_tls_settings_serve_over_mutual_tls(pki, target_dir, good_draft_dir, monkeypatch):
+    """The tls-secret case's containers, configured by their rendered env (parsed by the CLI) with the
+    Secret's paths pointing at test certificates: the backends serve mutual TLS, the gateway dials their
+    resolved addresses (dns:///) checking the chart's serverName, and HTTPS requires client certificates.
+    The rendered probes, run as they would in the pods, pass; a client without a certificate is refused."""
+    import ssl
+
+    from draft_service.server import create_server as create_draft
+    from gateway.server import create_server as create_gateway
+    from target_service.server import create_server as create_target
+    from tests.gateway.openai.http_helpers import HOST, httpx
+
+    files = {TLS_FILES["ca"]: pki.ca, TLS_FILES["cert"]: pki.pod_cert, TLS_FILES["key"]: pki.pod_key}
+    remap = lambda config: dataclasses.replace(config, **{  # noqa: E731
+        f.name: files[value] for f in dataclasses.fields(config)
+        if isinstance(value := getattr(config, f.name), str) and value in files})
+    deployments = by_component(CASES["tls-secret"], "Deployment")
+    chart = {role: remap(_parse_like_the_cli(monkeypatch, container(d))) for role, d in deployments.items()}
+    local = {"host": HOST, "port": 0, "metrics_port": None, "num_threads": 1}
+    handles = []
+    try:
+        target = create_target(dataclasses.replace(chart["target"], model=str(target_dir), **local))
+        handles.append(target)
+        draft = create_draft(dataclasses.replace(chart["draft"], model=str(good_draft_dir), quantization="none",
+                                                 **local))
+        handles.append(draft)
+        gateway = create_gateway(dataclasses.replace(
+            chart["gateway"], draft_addr=f"dns:///localhost:{draft.port}", target_addr=f"dns:///localhost:{target.port}",
+            host=HOST, port=0, http_port=0, startup_timeout_seconds=60.0))
+        handles.append(gateway)
+        ports = {"draft": draft.port, "target": target.port, "gateway": gateway.http_port}
+
+        def probe(role: str) -> subprocess.CompletedProcess:
+            c = container(deployments[role])
+            command = [files.get(a, a) for a in c["readinessProbe"]["exec"]["command"]]
+            listens = {"gateway": c["ports"][0]["containerPort"], "draft": chart["draft"].port,
+                       "target": chart["target"].port}[role]
+            command = [a.replace(f"localhost:{listens}", f"localhost:{ports[role]}") for a in command]
+            return subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=120)
+
+        for role in ("target", "draft", "gateway"):
+            done = probe(role)
+            assert done.returncode == 0, (role, done.stdout, done.stderr)
+
+        context = ssl.create_default_context(cafile=pki.ca)
+        context.load_cert_chain(pki.pod_cert, pki.pod_key)
+        url = f"https://{HOST}:{gateway.http_port}"
+        with httpx.Client(verify=context, timeout=120) as client:
+            model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
+            out = client.post(f"{url}/v1/completions", json={"model": model, "prompt": "The quick brown fox",
+                                                             "max_tokens": 4, "temperature": 0})
+            assert out.status_code == 200, out.text
+            assert out.json()["usage"]["completion_tokens"] == 4
+        with httpx.Client(verify=ssl.create_default_context(cafile=pki.ca), timeout=30) as anonymous, \
+                pytest.raises(httpx.TransportError):
+            anonymous.get(f"{url}/health")
+    finally:
+        for handle in reversed(handles):
+            handle.stop(0)

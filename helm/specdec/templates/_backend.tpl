@@ -7,6 +7,8 @@
 {{- $prefix := printf "SPECDEC_%s" (upper $role) }}
 {{- $spec := $root.Values.speculativeConfig }}
 {{- $ctx := dict "root" $root "component" $role }}
+{{- $tls := $root.Values.tls }}
+{{- include "specdec.tlsCheck" $root }}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -41,7 +43,7 @@ spec:
       {{- end }}
       securityContext:
         {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
-      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+      terminationGracePeriodSeconds: {{ include "specdec.terminationGracePeriod" (dict "root" $root "values" $v) }}
       {{- with $v.priorityClassName }}
       priorityClassName: {{ . }}
       {{- end }}
@@ -62,6 +64,20 @@ spec:
               value: {{ include "specdec.envValue" $v.port }}
             - name: {{ $prefix }}_METRICS_PORT
               value: {{ include "specdec.envValue" $v.metricsPort }}
+            # On SIGTERM: not ready at once, in-flight work finishes within this, then exit.
+            - name: {{ $prefix }}_DRAIN_GRACE_SECONDS
+              value: {{ include "specdec.envValue" $root.Values.drainGraceSeconds }}
+            {{- if $tls.enabled }}
+            # The gRPC port speaks TLS only{{ if $tls.mutual }}; clients (the gateways) must present a certificate signed by ca.crt{{ end }}.
+            - name: {{ $prefix }}_TLS_CERT_FILE
+              value: {{ include "specdec.tlsFile" (dict "root" $root "file" "tls.crt") | quote }}
+            - name: {{ $prefix }}_TLS_KEY_FILE
+              value: {{ include "specdec.tlsFile" (dict "root" $root "file" "tls.key") | quote }}
+            {{- if $tls.mutual }}
+            - name: {{ $prefix }}_TLS_CLIENT_CA_FILE
+              value: {{ include "specdec.tlsFile" (dict "root" $root "file" "ca.crt") | quote }}
+            {{- end }}
+            {{- end }}
             {{- with $spec.max_model_len }}
             - name: {{ $prefix }}_MAX_MODEL_LEN
               value: {{ include "specdec.envValue" . }}
@@ -115,29 +131,36 @@ spec:
               containerPort: {{ $v.metricsPort }}
               protocol: TCP
           # grpc.health.v1 answers NOT_SERVING until the model is loaded and warmed up.
+          {{- $probe := include "specdec.grpcProbe" (dict "root" $root "port" $v.port) | trim }}
           startupProbe:
-            grpc:
-              port: {{ $v.port }}
+            {{- $probe | trim | nindent 12 }}
             {{- toYaml $v.startupProbe | nindent 12 }}
           readinessProbe:
-            grpc:
-              port: {{ $v.port }}
+            {{- $probe | trim | nindent 12 }}
             {{- toYaml $v.readinessProbe | nindent 12 }}
           livenessProbe:
-            grpc:
-              port: {{ $v.port }}
+            {{- $probe | trim | nindent 12 }}
             {{- toYaml $v.livenessProbe | nindent 12 }}
+          {{- with include "specdec.lifecycle" $root }}
+          {{- . | trim | nindent 10 }}
+          {{- end }}
           resources:
             {{- toYaml $v.resources | nindent 12 }}
           securityContext:
             {{- toYaml $root.Values.securityContext | nindent 12 }}
           volumeMounts:
             {{- include "specdec.volumeMounts" $root | nindent 12 }}
+            {{- with include "specdec.tlsVolumeMount" $root }}
+            {{- . | trim | nindent 12 }}
+            {{- end }}
             {{- with $v.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
       volumes:
         {{- include "specdec.volumes" $root | nindent 8 }}
+        {{- with include "specdec.tlsVolume" $ctx }}
+        {{- . | trim | nindent 8 }}
+        {{- end }}
         {{- with $v.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}

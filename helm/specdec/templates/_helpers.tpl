@@ -169,3 +169,149 @@ app.kubernetes.io/component: {{ .component }}
 - name: tmp
   mountPath: /tmp
 {{- end }}
+
+{{/* TLS --------------------------------------------------------------------------------------- */}}
+{{/* The contradictions tls.* may hold, each failing with its reason. */}}
+{{- define "specdec.tlsCheck" -}}
+{{- with .Values.tls }}
+{{- if .enabled }}
+{{- if and .certManager.enabled .secretName }}
+{{- fail "tls: set secretName (one Secret for every pod) or certManager.enabled (one Certificate per service), not both" }}
+{{- end }}
+{{- if not (or .certManager.enabled .secretName) }}
+{{- fail "tls.enabled needs tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt) or tls.certManager.enabled" }}
+{{- end }}
+{{- if and .certManager.enabled (not .certManager.issuerRef.name) }}
+{{- fail "tls.certManager needs issuerRef.name: an Issuer or ClusterIssuer that fills ca.crt (a CA, Vault or self-signed issuer)" }}
+{{- end }}
+{{- else if or .http.enabled .grpc.enabled }}
+{{- fail "tls.http.enabled and tls.grpc.enabled need tls.enabled (the certificates)" }}
+{{- end }}
+{{- if and (gt (int .http.clientCertReqs) 0) (not .http.enabled) }}
+{{- fail "tls.http.clientCertReqs needs tls.http.enabled (client certificates are an HTTPS feature)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret mounted in a component's pods. Args: root, component. */}}
+{{- define "specdec.tlsSecretName" -}}
+{{- if .root.Values.tls.certManager.enabled }}
+{{- printf "%s-tls" (include "specdec.componentName" .) }}
+{{- else }}
+{{- .root.Values.tls.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* The path of one file of the mounted Secret (tls.crt, tls.key, ca.crt). Args: root, file. */}}
+{{- define "specdec.tlsFile" -}}
+{{- printf "%s/%s" (trimSuffix "/" .root.Values.tls.mountPath) .file }}
+{{- end }}
+
+{{/* The name the gateway (and the backends' probes) check the backends' certificates for: the gateway
+     dials the pods' addresses it resolved, so no host name of the dial names them. */}}
+{{- define "specdec.backendServerName" -}}
+{{- default (printf "%s-backends.%s.svc" (include "specdec.fullname" .) .Release.Namespace) .Values.tls.serverName }}
+{{- end }}
+
+{{/* A component's Service names, short to fully qualified. Args: root, component. */}}
+{{- define "specdec.serviceDnsNames" -}}
+{{- $svc := include "specdec.componentName" . }}
+- {{ $svc }}
+- {{ printf "%s.%s" $svc .root.Release.Namespace }}
+- {{ printf "%s.%s.svc" $svc .root.Release.Namespace }}
+- {{ printf "%s.%s.svc.%s" $svc .root.Release.Namespace .root.Values.clusterDomain }}
+{{- end }}
+
+{{- define "specdec.tlsVolume" -}}
+{{- if .root.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "specdec.tlsSecretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{- define "specdec.tlsVolumeMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* A backend's gRPC probe: kubelet's native gRPC probe speaks plaintext only, so under TLS the image's
+     health probe runs in the container, presenting the pod's certificate (mutual TLS). Args: root, port. */}}
+{{- define "specdec.grpcProbe" -}}
+{{- $root := .root }}
+{{- if $root.Values.tls.enabled }}
+exec:
+  command:
+    - python
+    - -m
+    - specdec.entrypoints.healthcheck
+    - {{ printf "localhost:%d" (int .port) | quote }}
+    - --tls-ca-file
+    - {{ include "specdec.tlsFile" (dict "root" $root "file" "ca.crt") }}
+    {{- if $root.Values.tls.mutual }}
+    - --tls-cert-file
+    - {{ include "specdec.tlsFile" (dict "root" $root "file" "tls.crt") }}
+    - --tls-key-file
+    - {{ include "specdec.tlsFile" (dict "root" $root "file" "tls.key") }}
+    {{- end }}
+    - --tls-server-name
+    - {{ include "specdec.backendServerName" $root }}
+{{- else }}
+grpc:
+  port: {{ .port }}
+{{- end }}
+{{- end }}
+
+{{/* The gateway's HTTP probe of a path: httpGet (kubelet does not check an HTTPS server's certificate),
+     or, when HTTPS requires client certificates, a request from the container with the pod's own.
+     Args: root, path. */}}
+{{- define "specdec.httpProbe" -}}
+{{- $tls := .root.Values.tls }}
+{{- if and $tls.http.enabled (eq (int $tls.http.clientCertReqs) 2) }}
+exec:
+  command:
+    - python
+    - -c
+    - "import ssl, sys, urllib.request; c = ssl.create_default_context(cafile=sys.argv[2]); c.check_hostname = False; c.load_cert_chain(sys.argv[3], sys.argv[4]); urllib.request.urlopen(sys.argv[1], timeout=4, context=c)"
+    - {{ printf "https://localhost:%d%s" (int .root.Values.gateway.httpPort) .path }}
+    - {{ include "specdec.tlsFile" (dict "root" .root "file" "ca.crt") }}
+    - {{ include "specdec.tlsFile" (dict "root" .root "file" "tls.crt") }}
+    - {{ include "specdec.tlsFile" (dict "root" .root "file" "tls.key") }}
+{{- else }}
+httpGet:
+  path: {{ .path }}
+  port: http
+  {{- if $tls.http.enabled }}
+  scheme: HTTPS
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Stopping ----------------------------------------------------------------------------------- */}}
+{{/* A pod's terminationGracePeriodSeconds: the component's value, else preStopSleepSeconds +
+     drainGraceSeconds + 5 s for the process to exit; a value too short to drain fails. Args: root, values. */}}
+{{- define "specdec.terminationGracePeriod" -}}
+{{- $need := add (int .root.Values.preStopSleepSeconds) (int .root.Values.drainGraceSeconds) }}
+{{- $set := .values.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $set }}
+{{- add $need 5 }}
+{{- else if lt (int $set) (int $need) }}
+{{- fail (printf "terminationGracePeriodSeconds %d is shorter than preStopSleepSeconds + drainGraceSeconds (%d): a stopping pod would be killed mid-drain" (int $set) (int $need)) }}
+{{- else }}
+{{- int $set }}
+{{- end }}
+{{- end }}
+
+{{/* preStop: wait before SIGTERM while the pod leaves the Services' endpoints and the gateways' DNS. */}}
+{{- define "specdec.lifecycle" -}}
+{{- if gt (int .Values.preStopSleepSeconds) 0 }}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", {{ .Values.preStopSleepSeconds | int | toString | quote }}]
+{{- end }}
+{{- end }}

@@ -248,6 +248,18 @@ def test_gateway_backend_tls_and_https_flags(monkeypatch):
                                                 "--api-key-file", "/keys"])
     assert (cfg.backend_tls_ca_file, cfg.backend_tls_cert_file, cfg.backend_tls_key_file) == ("/ca.pem", "/c.pem", "/k.pem")
     assert (cfg.ssl_certfile, cfg.ssl_keyfile, cfg.api_key_file) == ("/s.pem", "/s.key", "/keys")
+    assert (cfg.ssl_ca_certs, cfg.ssl_cert_reqs) == (None, 0)
+
+
+def test_gateway_https_client_certificate_flags(monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_GATEWAY_SSL_CERT_REQS", "2")
+    cfg = parse(GatewayConfig, GATEWAY_PREFIX, ["--ssl-ca-certs", "/clients-ca.pem"])
+    assert (cfg.ssl_ca_certs, cfg.ssl_cert_reqs) == ("/clients-ca.pem", 2)
+    assert parse(GatewayConfig, GATEWAY_PREFIX, ["--ssl-cert-reqs", "1"]).ssl_cert_reqs == 1
+    for bad in ("3", "required", "-1"):
+        with pytest.raises(SystemExit):
+            parse(GatewayConfig, GATEWAY_PREFIX, ["--ssl-cert-reqs", bad])
+        assert "0 (none), 1 (optional) or 2 (required)" in capsys.readouterr().err
 
 
 # -- the KV cache pool's settings (a size in bytes reads units) ------------------------------------------
