@@ -79,13 +79,22 @@ def start_server(
     max_workers: int = 64,
     credentials: grpc.ServerCredentials | None = None,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
+    max_receive_bytes: int | None = None,
+    max_concurrent_rpcs: int | None = None,
 ) -> ServerHandle:
     """Start serving ``register``'s services on host:port (0: any free port), health NOT_SERVING.
 
     ``credentials`` (``specdec.serving.tls.server_credentials``): the port speaks TLS only (None:
-    plaintext). ``interceptors`` run before every call (e.g. ``specdec.serving.auth.ApiKeyInterceptor``)."""
+    plaintext). ``interceptors`` run before every call (e.g. ``specdec.serving.auth.ApiKeyInterceptor``).
+    ``max_receive_bytes``: the largest request message (default 64 MiB; past it, RESOURCE_EXHAUSTED).
+    ``max_concurrent_rpcs``: calls in progress at once; past it gRPC refuses a call at once with
+    RESOURCE_EXHAUSTED (None: no limit, and calls past ``max_workers`` wait unseen in the pool's queue)."""
+    limits = dict(_MESSAGE_LIMITS)
+    if max_receive_bytes is not None:
+        limits["grpc.max_receive_message_length"] = max_receive_bytes
+    options = [*limits.items(), ("grpc.so_reuseport", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=list(interceptors),
-                         options=[*_MESSAGE_LIMITS, ("grpc.so_reuseport", 0)])
+                         options=options, maximum_concurrent_rpcs=max_concurrent_rpcs)
     register(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
