@@ -169,7 +169,8 @@ def test_structured_bad_input_is_a_400_naming_the_field(stack, path, raw, param)
 
 @pytest.mark.parametrize("raw", [b"[" * 10_000 + b"]" * 10_000,
                                  b'{"prompt": ' + b"[" * 10_000 + b"1" + b"]" * 10_000 + b"}",
-                                 b'{"messages": ' + b"{" * 5_000 + b"}" * 5_000 + b"}"])
+                                 b'{"messages": ' + b'{"a": ' * 5_000 + b"1" + b"}" * 5_000 + b"}"],
+                         ids=["arrays", "prompt-arrays", "objects"])
 def test_deep_nesting_is_a_400_saying_so(stack, raw):
     _, client, _ = stack
     for path in ("/v1/completions", "/v1/chat/completions"):
