@@ -7,7 +7,7 @@
 | characters of a stop string   | ``MAX_STOP_LENGTH``            | stop             |
 | stop token ids                | ``MAX_STOP_TOKEN_IDS``         | stop_token_ids   |
 | logit_bias entries            | ``MAX_LOGIT_BIAS``             | logit_bias       |
-| request size                  | ``--max-request-body-bytes``   | (HTTP 413; gRPC RESOURCE_EXHAUSTED from gRPC's message limit) |
+| request size                  | ``--max-request-body-bytes``   | (HTTP 413; gRPC RESOURCE_EXHAUSTED) |
 | prompt + max_tokens           | max_model_len, the KV cache    | prompt, max_tokens (``Gateway.new_sequence``) |
 
 A request past a limit is an ``InvalidRequestError`` naming the param (HTTP 400, gRPC INVALID_ARGUMENT),

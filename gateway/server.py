@@ -146,7 +146,8 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
         handle = start_server(
             lambda server: add_servicer(servicer, server),
             [SERVICE_NAME], config.host, config.port, max_workers=workers, max_concurrent_rpcs=workers,
-            max_receive_bytes=config.max_request_body_bytes, credentials=credentials, interceptors=[ApiKeyInterceptor(keys, on_reject=rejected)] if keys else [],
+            max_receive_bytes=config.max_request_body_bytes, credentials=credentials,
+            interceptors=[ApiKeyInterceptor(keys, on_reject=rejected)] if keys else [],
         )
     except BaseException:
         gateway.close()
