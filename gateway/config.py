@@ -63,13 +63,16 @@ class GatewayConfig:
                 "(keep it under Kubernetes' terminationGracePeriodSeconds)"})
     startup_timeout_seconds: float = field(default=600.0, metadata={"help": "how long to wait for the backends at start-up"})
     max_concurrent_requests: int = field(default=64, metadata={"help": "sequences generating at once (a request "
-                                                                       "with n outputs counts n)"})
+                                                                       "with n outputs counts n); HTTP and gRPC "
+                                                                       "requests share these slots and the queue"})
     max_queue_len: int = field(default=256, metadata={"help": "sequences waiting for a slot; past that a request is "
                                                               "refused at once (HTTP 429 / RESOURCE_EXHAUSTED)"})
     max_queue_time_seconds: float | None = field(default=60.0, metadata={"help": "longest wait for a slot before the "
                                                                                  "request is refused (none: no limit)"})
     max_n: int = field(default=16, metadata={"help": "most outputs (n) one request may ask for"})
-    max_request_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest HTTP request body"})
+    max_request_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request: HTTP body "
+                                                                                  "(past it 413), gRPC message "
+                                                                                  "(past it RESOURCE_EXHAUSTED)"})
     disable_by_batch_size: int | None = field(default=None, metadata={"help": "verify without drafts while this many "
                                                                              "sequences are generating (vLLM's name; "
                                                                              "none: always speculate)"})

@@ -81,6 +81,7 @@ class Gateway:
                 client.model_name = self.served_model_name
         init_gateway_series(self.served_model_name)
         name = self.served_model_name
+        self.admission.on_refused = lambda reason: metrics.request_refused(name, reason)
         self.target_health = TargetHealth(self.target, on_change=lambda up: metrics.target_available(name, up))
         self.target.on_unavailable = self.target_health.mark_down
         self.target.stop_retrying = lambda: self.target_health.down
@@ -211,10 +212,11 @@ class Gateway:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
-        bad = [t for t in params.logit_bias or {} if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"logit_bias names token ids {bad[:5]} outside the vocabulary [0, {vocab})",
-                                      param="logit_bias")
+        for param, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(f"{param} names token ids {bad[:5]} outside the vocabulary [0, {vocab})",
+                                          param=param)
         room = self.max_model_len - len(prompt_token_ids)
         if params.max_tokens is not None and params.max_tokens > room:
             raise InvalidRequestError(

@@ -228,6 +228,7 @@ class Admission:
         self.max_waiting = max_waiting
         self.max_queue_time = max_queue_time
         self.kv_budget = kv_budget
+        self.on_refused: Callable[[str], None] = lambda reason: None  # each refusal's reason (the metrics)
         self._cond = threading.Condition()
         self.running = 0
         self.waiting = 0
@@ -249,6 +250,7 @@ class Admission:
         with self._cond:
             free = self.max_running - self.running
             if self.waiting + n > max(free, 0) + self.max_waiting:
+                self.on_refused("queue_full")
                 raise ResourceExhaustedError(
                     f"the server is at capacity ({self.running} sequences running, {self.waiting} waiting; "
                     f"--max-concurrent-requests {self.max_running}, --max-queue-len {self.max_waiting}); "
@@ -266,11 +268,13 @@ class Admission:
                     self.waiting -= 1
                     self._cond.notify_all()
                     if self.running < self.max_running:  # the slots were free: the KV cache was not
+                        self.on_refused("kv_cache")
                         raise ResourceExhaustedError(
                             f"waited {self.max_queue_time:g} s for room in the KV cache (--max-queue-time-seconds): "
                             f"the running sequences hold {sum(s() for s in self._sizes)} of its "
                             f"{self.kv_budget()} tokens and this one needs {size()}; retry shortly, or raise "
                             "--kv-cache-memory of the services")
+                    self.on_refused("queue_timeout")
                     raise ResourceExhaustedError(
                         f"waited {self.max_queue_time:g} s for a free slot (--max-queue-time-seconds); retry shortly")
                 self._cond.wait(remaining)

@@ -6,16 +6,19 @@ import grpc
 
 from gateway.config import GatewayConfig, https_settings
 from gateway.generation import Gateway, deadline_from_timeout
+from gateway.limits import check_request_limits
 from specdec.errors import InvalidRequestError
 from specdec.serving.auth import ApiKeyInterceptor, ApiKeys
 from specdec.serving.grpc_errors import map_errors, map_stream_errors, status_code_for
 from specdec.serving.metrics import request_error
 from specdec.serving.server import ServerHandle, start_metrics_server, start_server, time_remaining
 from specdec.serving.tls import server_credentials_from
-from specdec.serving.wire import logprobs_to_proto, optional_field, sampling_from_proto
+from specdec.serving.wire import (UndecodableRequest, lenient_parser, logprobs_to_proto, optional_field,
+                                  sampling_from_proto)
 from specdec.sequence import SequenceState
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
 
+SPARE_WORKERS = 16  # gRPC workers beyond the admission's running + queued calls (see create_server)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 _FINISH = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
 
@@ -34,6 +37,8 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
         self.gateway = gateway
 
     def _sequence(self, request: pb.GenerateRequest) -> SequenceState:
+        if isinstance(request, UndecodableRequest):  # bytes protobuf could not parse (e.g. a string not UTF-8)
+            raise request.error
         if request.prompt and request.prompt_token_ids:
             raise InvalidRequestError("give either prompt or prompt_token_ids, not both", param="prompt")
         params = sampling_from_proto(
@@ -48,6 +53,10 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
         )
         if request.HasField("max_tokens") and request.max_tokens == 0:
             raise InvalidRequestError("max_tokens must be >= 1 (leave it unset for no limit)", param="max_tokens")
+        penalties = request.sampling_params.penalties
+        check_request_limits(max_n=self.gateway.config.max_n, stop=list(request.stop),  # the one table, as HTTP's
+                             stop_token_ids=[*request.stop_token_ids, *penalties.stop_token_ids],
+                             logit_bias=penalties.logit_bias)
         ids = list(request.prompt_token_ids) or self.gateway.tokenize(request.prompt)
         return self.gateway.new_sequence(ids, params, request.request_id or None)
 
@@ -97,6 +106,22 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
         )
 
 
+def add_servicer(servicer: GenerationServicer, server: grpc.Server) -> None:
+    """``add_GenerationServiceServicer_to_server`` with a lenient request parser: a GenerateRequest that
+    protobuf cannot parse (a string field that is not UTF-8 ...) is INVALID_ARGUMENT naming the field,
+    where the generated code's failing deserializer would make gRPC answer INTERNAL."""
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate, request_deserializer=lenient_parser(pb.GenerateRequest),
+            response_serializer=pb.GenerateResponse.SerializeToString),
+        "GetInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetInfo, request_deserializer=common_pb2.GetInfoRequest.FromString,
+            response_serializer=pb.GetServingInfoResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> ServerHandle:
     """Connect to the backends (waiting for them), check the pair, and serve GenerationService.
 
@@ -108,14 +133,21 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
     gateway = gateway or Gateway(config)
     servicer = GenerationServicer(gateway)
 
+    # One admission for both protocols (Gateway.admission: running + queued + refused, the same gauges and
+    # counter): every call the admission may hold (running or queued) has a worker of its own, plus spares
+    # for calls being refused, health checks and GetInfo, so no Generate waits unseen in the pool's queue.
+    # Past that many calls in progress at once, gRPC refuses at once (RESOURCE_EXHAUSTED) rather than queue.
+    workers = config.max_concurrent_requests + config.max_queue_len + SPARE_WORKERS
+
     def rejected(_method: str) -> None:
         request_error(gateway.served_model_name, "grpc", "UNAUTHENTICATED")
 
     try:
         handle = start_server(
-            lambda server: generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server),
-            [SERVICE_NAME], config.host, config.port, max_workers=config.max_concurrent_requests,
-            credentials=credentials, interceptors=[ApiKeyInterceptor(keys, on_reject=rejected)] if keys else [],
+            lambda server: add_servicer(servicer, server),
+            [SERVICE_NAME], config.host, config.port, max_workers=workers, max_concurrent_rpcs=workers,
+            max_receive_bytes=config.max_request_body_bytes, credentials=credentials,
+            interceptors=[ApiKeyInterceptor(keys, on_reject=rejected)] if keys else [],
         )
     except BaseException:
         gateway.close()

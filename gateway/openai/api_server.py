@@ -128,6 +128,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecDecError):  # raised by a body's own check (e.g. protocol.check_unicode)
+            return domain_error_response(cause)
         body_error = _body_error(first, request.headers.get("content-type", ""))
         if body_error:
             return error_response(400, body_error, "invalid_request_error")
@@ -145,6 +148,12 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             return error_response(405, f"method {request.method} not allowed on {request.url.path}",
                                   "invalid_request_error")
+        if exc.status_code == 400 and isinstance(exc.__cause__, (RecursionError, ValueError)):
+            # FastAPI's "There was an error parsing the body": the JSON parser's own limits
+            why = ("it is nested too deeply" if isinstance(exc.__cause__, RecursionError)
+                   else str(exc.__cause__).split(";")[0])
+            return error_response(400, f"the request body could not be parsed ({why}); send a JSON object of "
+                                  "OpenAI's request fields", "invalid_request_error")
         return error_response(exc.status_code, str(exc.detail), "invalid_request_error")
 
     @app.exception_handler(SpecDecError)

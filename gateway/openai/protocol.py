@@ -13,7 +13,7 @@ import logging
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specdec.errors import InvalidRequestError as SpecDecInvalid, SpecDecError, openai_error_body
 from specdec.sampling import MAX_LOGPROBS, SamplingParams, SpecDecodeStats
@@ -26,10 +26,54 @@ logger = logging.getLogger(__name__)
 # -- request bodies ----------------------------------------------------------------------------------
 
 
-class OpenAIRequest(BaseModel):
-    """The fields /v1/completions and /v1/chat/completions share."""
+def check_unicode(data: Any) -> None:
+    """400 naming the first string (or object key) of a parsed JSON body that is not valid Unicode.
+
+    JSON's ``\\ud800`` escapes can spell a lone UTF-16 surrogate: valid JSON, but no text (UTF-8
+    cannot encode it, and the tokenizer, the logs and the response body would fail on it). Walked
+    without recursion, so any nesting the JSON parser accepted is walked too."""
+    stack: list[tuple[tuple, Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, path, "")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, path, "a key of ")  # (the param names the object: never the bad key)
+                stack.append((path + (key,), item))
+        elif isinstance(value, list):
+            stack.extend((path + (i,), item) for i, item in enumerate(value))
+
+
+def _check_text(text: Any, path: tuple, what: str) -> None:
+    if not isinstance(text, str) or text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        param = ".".join(str(p) for p in path) or None
+        bad = text[exc.start]
+        raise SpecDecInvalid(
+            f"{what}{param or 'the request body'} is not valid Unicode: it holds a lone UTF-16 surrogate "
+            f"(\\u{ord(bad):04x} at character {exc.start}); send UTF-8 text, and a surrogate pair's two halves "
+            "together", param=param) from None
+
+
+class RequestBody(BaseModel):
+    """A JSON request body: unknown fields are kept (and ignored), and every string must be valid Unicode
+    (``check_unicode``: a 400 naming the field, before any field is read)."""
 
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        check_unicode(data)
+        return data
+
+
+class OpenAIRequest(RequestBody):
+    """The fields /v1/completions and /v1/chat/completions share."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)

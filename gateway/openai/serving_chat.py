@@ -23,7 +23,12 @@ class OpenAIServingChat(OpenAIServing):
         self.check_request(body)
         ids = self.chat_prompt(body.messages)
         params = body.to_sampling_params(body.max_completion_tokens or body.max_tokens)
-        seqs = [self.new_sequence(ids, params, i) for i in range(body.n)]
+        try:
+            seqs = [self.new_sequence(ids, params, i) for i in range(body.n)]
+        except InvalidRequestError as exc:  # name the field the request used
+            if exc.param == "max_tokens" and body.max_completion_tokens is not None:
+                exc.param = "max_completion_tokens"
+            raise
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         k = body.num_speculative_tokens
         if body.stream:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.generation import Gateway
+from gateway.limits import check_request_limits
 from gateway.openai.protocol import OpenAIRequest
 from specdec.errors import InvalidRequestError, ModelNotFoundError
 from specdec.sampling import SamplingParams
@@ -20,8 +21,6 @@ UNSUPPORTED = {
     "structured_outputs": (None,), "logits_processors": (None,), "allowed_token_ids": (None,),
     "bad_words": (None, []), "truncate_prompt_tokens": (None,), "web_search_options": (None,),
 }
-MAX_STOP_SEQUENCES = 16  # OpenAI allows 4; vLLM sets no limit
-MAX_STOP_LENGTH = 1024  # characters of one stop string
 
 
 class OpenAIServing:
@@ -43,17 +42,10 @@ class OpenAIServing:
             raise InvalidRequestError("response_format: only {\"type\": \"text\"} is supported (no JSON mode or "
                                       "schemas)", param="response_format")
         self.gateway.resolve_k(body.num_speculative_tokens)  # a bad k is a 400 before any stream starts
-        max_n = self.gateway.config.max_n
-        if body.n > max_n:
-            raise InvalidRequestError(f"n={body.n} is above this server's limit of {max_n} outputs per request "
-                                      "(--max-n)", param="n")
+        check_request_limits(n=body.n, max_n=self.gateway.config.max_n, stop=body.stop,
+                             stop_token_ids=body.stop_token_ids, logit_bias=body.logit_bias)  # the one table
         if body.best_of is not None and body.best_of != body.n:
             raise InvalidRequestError("best_of is not supported (only best_of equal to n, or unset)", param="best_of")
-        stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-        if len(stops) > MAX_STOP_SEQUENCES or any(len(s) > MAX_STOP_LENGTH for s in stops):
-            raise InvalidRequestError(f"stop takes at most {MAX_STOP_SEQUENCES} strings of at most {MAX_STOP_LENGTH} "
-                                      f"characters each, got {len(stops)} (longest {max(map(len, stops))})",
-                                      param="stop")
         if getattr(body, "top_logprobs", None) is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
 

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 
-from gateway.openai.protocol import ChatMessage
+from gateway.openai.protocol import ChatMessage, RequestBody
 from gateway.openai.serving_chat import OpenAIServingChat
 from specdec.errors import InvalidRequestError, ModelNotFoundError
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """A ``prompt`` (completion form) or ``messages`` (chat form, through the chat template)."""
-
-    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     prompt: str | None = None
@@ -25,9 +22,7 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
 

@@ -50,8 +50,10 @@ class BackendConfig:
     max_sequences: int = field(default=256, metadata={"help": "cap on cached sequences (RESOURCE_EXHAUSTED past it)"})
     sequence_ttl_seconds: float = field(default=600.0, metadata={"help": "idle sequences are evicted after this"})
     max_batch_size: int = field(default=16, metadata={"help": "max sequences per batched forward pass"})
-    batch_wait_ms: float = field(default=10.0, metadata={"help": "when idle, a batch waits up to this long for sequences "
-                                                              "that are mid round trip (0: never wait); a lone stream never waits"})
+    batch_wait_ms: float = field(default=10.0, metadata={
+        "help": "when idle, a batch waits up to this long for sequences that recent traffic says are mid round trip "
+                "(a guess; 0: never guess, a batch runs what is queued); a lone stream never waits. Calls the gateway "
+                "marks as one group (batch hints) are gathered whatever this is, for up to max(this, 50 ms)"})
     num_threads: int = field(default=0, metadata={"help": "CPU threads for this service's forward passes (0: all cores it may use)"})
     lean_forward: bool = field(default=DEFAULT_LEAN_FORWARD, metadata={
         "help": "run forward passes through specdec's lean forward where the model's architecture allows it (Llama "

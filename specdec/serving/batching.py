@@ -121,7 +121,9 @@ class ContinuousBatcher(Generic[T, R]):
 
     def submit(self, item: T, hint: tuple[str, int] | None = None) -> Future:
         """Queue ``item``; ``hint`` = (group, size): the caller issues ``size`` calls of ``group`` together,
-        and a batch waits (up to GROUP_WAIT_S, when batch_wait_ms > 0) until it holds them all."""
+        and a batch waits until it holds them all (up to ``max(max_wait_s, GROUP_WAIT_S)``, whatever
+        ``max_wait_s``: a hint is exact, and gathering its group is not the traffic guess that
+        ``max_wait_s`` bounds; so batch_wait_ms=0 turns the guess off, never the hinted wait)."""
         if self._closed:
             raise RuntimeError("batcher is closed")
         fut: Future = Future()
@@ -191,7 +193,7 @@ class ContinuousBatcher(Generic[T, R]):
                 batch.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        if batch and self.max_wait_s > 0:
+        if batch:  # (max_wait_s = 0: no traffic guess, but a hinted group is still gathered)
             self._linger(batch, want)
         with self._lock:
             self._scheduled = False
@@ -215,7 +217,7 @@ class ContinuousBatcher(Generic[T, R]):
             hinted, incomplete = _group_status(batch)
             if incomplete:
                 deadline = start + max(self.max_wait_s, GROUP_WAIT_S)
-            elif not hinted and len(batch) < want and self.compute.idle():
+            elif not hinted and self.max_wait_s > 0 and len(batch) < want and self.compute.idle():
                 deadline = start + self.max_wait_s
             else:
                 return

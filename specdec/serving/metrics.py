@@ -63,6 +63,11 @@ REQUEST_SUCCESS = Counter("specdec_request_success", "Sequences that finished, b
 REQUESTS_RUNNING = Gauge("specdec_num_requests_running", "Sequences in their speculative loop.", LABELS)
 REQUESTS_WAITING = Gauge("specdec_num_requests_waiting", "Sequences admitted but not yet in their first round.",
                          LABELS)
+REQUESTS_REFUSED = Counter("specdec_requests_refused", "Sequences the admission refused (HTTP 429 and gRPC "
+                           "RESOURCE_EXHAUSTED alike), by reason: queue_full (--max-queue-len), queue_timeout "
+                           "(--max-queue-time-seconds), kv_cache (no room in the KV cache within that time).",
+                           (*LABELS, "reason"))
+REFUSE_REASONS = ("queue_full", "queue_timeout", "kv_cache")
 REQUEST_ERRORS = Counter("specdec_request_errors", "Requests that ended in an error, by protocol and status "
                          "(HTTP status or gRPC code name).", (*LABELS, "protocol", "code"))
 
@@ -199,6 +204,8 @@ def init_gateway_series(model_name: str) -> None:
         HISTORY_RESENDS.labels(*labels, phase)
     for reason in ("draft_failed", "breaker_open", "load", "preempted"):
         ROUNDS_WITHOUT_DRAFT.labels(*labels, reason)
+    for reason in REFUSE_REASONS:
+        REQUESTS_REFUSED.labels(*labels, reason)
     DRAFT_BREAKER_STATE.labels(*labels).set(0)
     TARGET_AVAILABLE.labels(*labels).set(1)
 
@@ -315,6 +322,10 @@ def rounds_without_draft(model_name: str, reason: str) -> None:
 
 def target_available(model_name: str, up: bool) -> None:
     TARGET_AVAILABLE.labels("gateway", model_name).set(1 if up else 0)
+
+
+def request_refused(model_name: str, reason: str) -> None:
+    REQUESTS_REFUSED.labels("gateway", model_name, reason).inc()
 
 
 def request_error(model_name: str, protocol: str, code: str | int) -> None:

@@ -108,9 +108,12 @@ def channel_options() -> list[tuple[str, int]]:
     return [*_MESSAGE_LIMITS, *_CLIENT_KEEPALIVE]
 
 
-def server_options() -> list[tuple[str, int]]:
+def server_options(max_receive_bytes: int | None = None) -> list[tuple[str, int]]:
     """Options of every specdec gRPC server (message size limits, the clients' keepalive pings permitted)."""
-    return [*_MESSAGE_LIMITS, *_SERVER_KEEPALIVE, ("grpc.so_reuseport", 0)]
+    limits = dict(_MESSAGE_LIMITS)
+    if max_receive_bytes is not None:
+        limits["grpc.max_receive_message_length"] = max_receive_bytes
+    return [*limits.items(), *_SERVER_KEEPALIVE, ("grpc.so_reuseport", 0)]
 
 
 def start_server(
@@ -121,13 +124,18 @@ def start_server(
     max_workers: int = 64,
     credentials: grpc.ServerCredentials | None = None,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
+    max_receive_bytes: int | None = None,
+    max_concurrent_rpcs: int | None = None,
 ) -> ServerHandle:
     """Start serving ``register``'s services on host:port (0: any free port), health NOT_SERVING.
 
     ``credentials`` (``specdec.serving.tls.server_credentials``): the port speaks TLS only (None:
-    plaintext). ``interceptors`` run before every call (e.g. ``specdec.serving.auth.ApiKeyInterceptor``)."""
+    plaintext). ``interceptors`` run before every call (e.g. ``specdec.serving.auth.ApiKeyInterceptor``).
+    ``max_receive_bytes``: the largest request message (default 64 MiB; past it, RESOURCE_EXHAUSTED).
+    ``max_concurrent_rpcs``: calls in progress at once; past it gRPC refuses a call at once with
+    RESOURCE_EXHAUSTED (None: no limit, and calls past ``max_workers`` wait unseen in the pool's queue)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=list(interceptors),
-                         options=server_options())
+                         options=server_options(max_receive_bytes), maximum_concurrent_rpcs=max_concurrent_rpcs)
     register(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
 
 from specdec import sparse_probs
 from specdec.errors import InvalidRequestError
@@ -71,3 +75,80 @@ def logprobs_from_proto(rows: Iterable[common_pb2.TokenLogprob]) -> list[TokenLo
 def optional_field(msg, name: str) -> int | None:
     """A proto3 ``optional`` scalar: its value, or None when unset."""
     return getattr(msg, name) if msg.HasField(name) else None
+
+
+# -- requests protobuf cannot parse ------------------------------------------------------------------
+
+
+class UndecodableRequest:
+    """What ``lenient_parser`` hands the servicer for bytes protobuf could not parse: the servicer raises
+    ``error`` (INVALID_ARGUMENT), where a failing deserializer would make gRPC answer INTERNAL."""
+
+    def __init__(self, error: InvalidRequestError):
+        self.error = error
+
+
+def lenient_parser(message_cls) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: a message, or an ``UndecodableRequest`` saying what to fix
+    (the string field that is not UTF-8, e.g. a lone surrogate another client let through)."""
+    name = message_cls.DESCRIPTOR.full_name
+
+    def parse(data: bytes):
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as exc:
+            field = bad_utf8_field(message_cls.DESCRIPTOR, data)
+            if field is not None:
+                return UndecodableRequest(InvalidRequestError(
+                    f"{field} is not valid UTF-8 (protobuf string fields hold UTF-8 text: no lone surrogates); "
+                    "send it as UTF-8 text", param=field))
+            return UndecodableRequest(InvalidRequestError(f"the request is not a valid {name} message ({exc})"))
+
+    return parse
+
+
+def bad_utf8_field(descriptor: Descriptor, data: bytes, prefix: str = "") -> str | None:
+    """The dotted name of the first string field of the serialized ``data`` that is not UTF-8 (None: none
+    found, or the bytes are not protobuf's wire format at all)."""
+    pos = 0
+    try:
+        while pos < len(data):
+            key, pos = _varint(data, pos)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == 0:
+                _, pos = _varint(data, pos)
+            elif wire_type in (1, 5):
+                pos += 8 if wire_type == 1 else 4
+            elif wire_type == 2:
+                size, pos = _varint(data, pos)
+                chunk, pos = data[pos:pos + size], pos + size
+                field = descriptor.fields_by_number.get(number)
+                if field is None:
+                    continue
+                if field.type == FieldDescriptor.TYPE_STRING:
+                    try:
+                        chunk.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return prefix + field.name
+                elif field.type == FieldDescriptor.TYPE_MESSAGE:
+                    found = bad_utf8_field(field.message_type, chunk, f"{prefix}{field.name}.")
+                    if found is not None:
+                        return found
+            else:
+                return None
+    except IndexError:
+        return None
+    return None
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")

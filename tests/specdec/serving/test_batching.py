@@ -320,12 +320,13 @@ def test_deferral_is_bounded(make, compute):
         busy.set()
 
 
-def test_a_hinted_group_runs_as_one_batch_however_its_calls_trickle_in(make, monkeypatch):
+@pytest.mark.parametrize("max_wait_s", [0.001, 0.0])  # batch_wait_ms=0 turns the traffic guess off, not hints
+def test_a_hinted_group_runs_as_one_batch_however_its_calls_trickle_in(make, monkeypatch, max_wait_s):
     from specdec.serving import batching
 
     monkeypatch.setattr(batching, "GROUP_WAIT_S", 30.0)
     rec = Recorder()
-    b = make(rec, expected=lambda: 1, max_wait_s=0.001)  # no traffic guess: only the hint keeps the batch open
+    b = make(rec, expected=lambda: 1, max_wait_s=max_wait_s)  # no traffic guess: only the hint keeps the batch open
     first = b.submit(1, hint=("g1", 3))
     ran_early = []
 
@@ -360,3 +361,13 @@ def test_batch_hints_parse_or_are_ignored(hint, parsed):
     from specdec.serving.batching import parse_batch_hint
 
     assert parse_batch_hint(hint) == parsed
+
+
+def test_batch_wait_zero_never_guesses(make):
+    """max_wait_s = 0 (batch_wait_ms=0): an unhinted batch runs what is queued, however many sequences
+    recent traffic expects (with a wait of 30 s, the same batch would wait for them)."""
+    rec = Recorder()
+    b = make(rec, expected=lambda: 8, max_wait_s=0.0)
+    assert b.submit(1).result(5) == 10
+    assert b.submit(2).result(5) == 20
+    assert rec.batches == [[1], [2]]
