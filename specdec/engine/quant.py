@@ -14,6 +14,8 @@ VNNI on x86, IMMA on NVIDIA). Measured on 2 cores (the 120 decoder products of S
   products at one row, ~10 ms at 2-16 rows. oneDNN's int8 product on a weight packed once
   (:func:`onednn_pack`) takes 4.9 ms at one row and 6.6 ms at 16, so that is the CPU path; ``_int_mm`` is
   the fallback. ``torch._scaled_mm`` on fp8 runs on CPU but ~100x slower than int8: fp8 is a CUDA mode only.
+  Without VNNI or AMX oneDNN's int8 kernel saturates its int16 pair sums (:func:`onednn_int8_is_exact`), so a
+  CPU like the first one runs ``_int_mm``: the path is chosen by a probe of exactness, not by the CPU's name.
 
 The scheme (what SmoothQuant and vLLM's ``w8a8`` int8 use): weights int8 per output channel (symmetric,
 scale = max |w| / 127 of the row), activations int8 per token (each row's own scale, computed in the pass),
@@ -29,6 +31,8 @@ without the fixed-tile products the fp formulations need (:mod:`specdec.engine.l
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -95,15 +99,45 @@ def onednn_pack(q: torch.Tensor) -> torch.Tensor | None:
     u8 activations (s8 ones run a reference path, ~200x slower), hence the zero point of 128. The sums are
     exact int32 either way (each path batch-invariant); the two apply the scales in another order.
     """
+    if not onednn_int8_is_exact():
+        return None
     try:
-        packed = torch.ops.onednn.qlinear_prepack(q, [4, q.shape[1]])
-        probe = torch.full((3, q.shape[1]), 128, dtype=torch.uint8)
-        torch.ops.onednn.qlinear_pointwise(probe, 1.0, 128, packed, torch.ones(q.shape[0]),
-                                           torch.zeros(q.shape[0], dtype=torch.long), None, 1.0, 0, torch.float32,
-                                           "none", [], "")
-        return packed
+        return _prepack(q)
     except (RuntimeError, AttributeError):
         return None
+
+
+def _prepack(q: torch.Tensor) -> torch.Tensor:
+    return torch.ops.onednn.qlinear_prepack(q, [4, q.shape[1]])
+
+
+def _onednn_product(xq: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                    zero_points: torch.Tensor) -> torch.Tensor:
+    return torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, packed, scale, zero_points, None, 1.0, 0,
+                                              torch.float32, "none", [], "")
+
+
+@functools.cache
+def onednn_int8_is_exact() -> bool:
+    """Whether oneDNN's u8 x s8 product sums exactly on this CPU (checked once per process).
+
+    With VNNI (avx512_vnni, avx_vnni) or AMX it does. Without them (AMD EPYC with avx2 only, measured) its
+    kernel adds pairs of u8 x s8 products in int16 (``vpmaddubsw``), which saturates for large activations
+    (u8 = value + 128): a product of random rows was 9.4% off the float one where ``torch._int_mm`` is 0.9%
+    off and exact in int32. Such a CPU uses ``_int_mm``. The probe uses the values that saturate: every
+    activation at the top of the range against weights of +-127.
+    """
+    try:
+        g = torch.Generator().manual_seed(0)
+        q = torch.randint(-127, 128, (16, 64), generator=g, dtype=torch.int8)
+        q[:, :8] = 127
+        x = torch.randint(0, 256, (3, 64), generator=g, dtype=torch.uint8)
+        x[0] = 255
+        got = _onednn_product(x, _prepack(q), torch.ones(16), torch.zeros(16, dtype=torch.long))
+    except (RuntimeError, AttributeError):
+        return False
+    exact = (x.double() - 128) @ q.double().t()
+    return bool(torch.equal(got.double(), exact))
 
 
 class QuantLinear:
@@ -143,8 +177,7 @@ class QuantLinear:
                 xq, xscale = cpu_quantize.quantize_rows_u8(rows, self.inv_smooth)
             else:
                 xq, xscale = quantize_rows(rows, self.inv_smooth, torch.uint8)
-            out = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, self.packed, self.scale[0], self._zero_points,
-                                                     None, 1.0, 0, torch.float32, "none", [], "") * xscale
+            out = _onednn_product(xq, self.packed, self.scale[0], self._zero_points) * xscale
             if self.bias is not None:
                 out = out + self.bias
             return out.to(x.dtype).view(*x.shape[:-1], self.out_features)

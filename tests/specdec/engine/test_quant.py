@@ -207,3 +207,16 @@ def test_cuda_int8_target_is_lossless(target_dir, good_draft_dir, spec):
     llm = LLM(str(target_dir), device="cuda", quantization="int8", speculative_config=spec(good_draft_dir, 3))
     outs = llm.generate(PROMPTS, _greedy())
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone]
+
+
+def test_the_cpu_path_sums_exactly_in_int32():
+    """oneDNN only where its u8 x s8 sums are exact (VNNI/AMX); without them (avx2) it saturates, so _int_mm."""
+    from specdec.engine.quant import onednn_int8_is_exact
+
+    g = torch.Generator().manual_seed(5)
+    lin = QuantLinear(torch.randn(64, 96, generator=g))
+    x = torch.randn(7, 96, generator=g) * torch.linspace(0.1, 30, 96)  # rows whose int8 values reach +-127
+    assert (lin.packed is not None) == onednn_int8_is_exact()
+    xq, xs = quantize_rows(x)
+    exact = (xq.double() @ lin.q.double().t()) * xs.double() * lin.scale.double()
+    torch.testing.assert_close(lin(x).double(), exact, rtol=1e-5, atol=1e-4)
