@@ -1,7 +1,10 @@
 # One image for the three services; docker-compose and the Helm chart (helm/specdec) pick the
 # subcommand: `specdec target-service`, `specdec draft-service`, `specdec gateway`.
 # A CUDA build: docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
-FROM python:3.11-slim
+# scripts/build-image.sh builds it and checks that the image starts. Without a registry, BASE_IMAGE names a
+# local image with python3 and pip (docs: a debootstrap'ed Debian imported with `docker import`).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

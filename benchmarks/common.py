@@ -128,6 +128,27 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def add_strict_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--strict", action="store_true", help="a missed goal (speed, memory) fails the run too")
+
+
+def report_checks(checks: dict[str, bool], goals: dict[str, bool] | None = None, strict: bool = False) -> int:
+    """Print a line per check and per goal; return the exit status (1 when a line says FAIL, else 0).
+
+    A check is a property the run must have (every request answered, answers identical, no error): ``PASS: name``
+    or ``FAIL: name``. A goal is a speed or size target, informational on a small shared machine: ``PASS: name``
+    or ``MISS: name (a goal; --strict fails on it)``, and under ``strict`` a missed goal is a ``FAIL``."""
+    failed = False
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'}: {name}")
+        failed |= not ok
+    for name, ok in (goals or {}).items():
+        print(f"PASS: {name}" if ok else f"FAIL: {name} (a goal, --strict)" if strict
+              else f"MISS: {name} (a goal; --strict fails on it)")
+        failed |= strict and not ok
+    return 1 if failed else 0
+
+
 def write_json(path: str | Path, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -108,7 +108,7 @@ class Gateway:
         self._ahead_pool = (ThreadPoolExecutor(config.max_concurrent_requests, thread_name_prefix="lookahead")
                             if overlap and self.scheduler is None else None)
         set_build_info("gateway", self.served_model_name, num_speculative_tokens=config.num_speculative_tokens
-                       if self.draft else 0, method="draft_model" if self.draft else "target_only")
+                       if self.draft else 0, method=self.speculative_method)
 
     def _check_pair(self) -> None:
         t, d = self.target_info, self.draft_info
@@ -187,6 +187,14 @@ class Gateway:
         logger.info("adaptive k up to %d; round costs (ms) verify %s, propose %s", k_max,
                     [round(1000 * v, 1) for v in costs.verify], [round(1000 * p, 1) for p in costs.propose])
         return costs
+
+    @property
+    def speculative_method(self) -> str:
+        """How this gateway drafts, as its draft service says (GetInfo): draft_model, ngram or hybrid; target_only
+        without a draft service (``--draft-addr none``)."""
+        if self.draft_info is None:
+            return "target_only"
+        return self.draft_info.method or "draft_model"
 
     @property
     def model_name(self) -> str:

@@ -238,8 +238,20 @@ class LLM:
             max_model_len=self.max_model_len,
         )
 
-    def stream(self, seq: SequenceState) -> Iterator[str]:
-        """Generate one sequence, yielding text deltas as rounds complete."""
+    def speculating(self, num_unfinished: int) -> bool:
+        """vLLM's ``disable_by_batch_size``: no speculation while the requests not yet finished number at least
+        the threshold (vLLM: running queue size >= disable_by_batch_size); back on as they finish."""
+        cfg = self.speculative_config
+        if cfg is None:
+            return False
+        return cfg.disable_by_batch_size is None or num_unfinished < cfg.disable_by_batch_size
+
+    def stream(self, seq: SequenceState, num_unfinished: int = 1) -> Iterator[str]:
+        """Generate one sequence, yielding text deltas as rounds complete. ``num_unfinished``: the sequences
+        enqueued and not finished, this one included (``generate`` runs them one after another), for
+        ``disable_by_batch_size``."""
+        if not self.speculating(num_unfinished):
+            return decode(None, self._target_worker, seq, 0)  # the target alone: no drafts, nothing to release
         k = self.num_speculative_tokens
         return decode(self._draft_worker, self._target_worker, seq,
                       AdaptiveK(self._round_costs, k) if self._round_costs is not None else k,
@@ -271,14 +283,16 @@ class LLM:
             from tqdm.auto import tqdm
 
             iterator = tqdm(iterator, total=len(prompts), desc="generate")
+        unfinished = sum(p.n for p in params_list)  # vLLM enqueues every sequence of the call at once
         for i, ((text, ids), params) in enumerate(iterator):
             outputs = []
             prompt_logprobs = None
             tok = self.target.tokenizer
             for j in range(params.n):
                 seq = self.new_sequence(ids, params, index=j)
-                for _ in self.stream(seq):
+                for _ in self.stream(seq, unfinished):
                     pass
+                unfinished -= 1
                 lps = None if seq.logprobs is None else _logprob_dicts(seq.logprobs, tok)
                 outputs.append(CompletionOutput(j, seq.text, list(seq.output_token_ids), seq.finish_reason,
                                                 seq.stop_reason, seq.stats, lps))

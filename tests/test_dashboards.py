@@ -1,11 +1,14 @@
 """The shipped Grafana dashboards work on real data: a real Prometheus (Debian's binary, on loopback)
 scrapes a running ``specdec serve`` stack while requests flow, then every PromQL expression of every
 panel, with the template variables substituted, must return data. A query that returns nothing fails.
+The panels that traffic moves (request and token rates, acceptance, errors, batch size) must read above 0
+after the traffic, and 0 (or nothing, or 0/0) before it: a panel that reads a pre-set 0 cannot pass.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import time
@@ -24,6 +27,22 @@ from tests.service_processes import free_port
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = sorted((ROOT / "helm" / "specdec" / "dashboards").glob("*.json"))
 RATE_WINDOW = "20s"  # stands for Grafana's $__rate_interval (scrapes every 0.5 s here)
+
+
+# (dashboard, panel title, refId) -> the least value a panel must show after the traffic (some series above it);
+# before any traffic each of them reads 0, nothing, or NaN (0/0). Tokens/s and drafted tokens/s read 0 exactly.
+MOVED_BY_TRAFFIC = {
+    ("specdec-overview", "Requests finished per second", "A"): 0.0,
+    ("specdec-overview", "Tokens per second", "A"): 0.0,
+    ("specdec-overview", "Tokens per second", "B"): 0.0,
+    ("specdec-overview", "Errors per second (by protocol and status)", "A"): 0.0,
+    ("specdec-speculation", "Acceptance rate (accepted / drafted tokens)", "A"): 0.0,
+    ("specdec-speculation", "Mean acceptance length (tokens per drafting round)", "A"): 1.0,
+    ("specdec-speculation", "Draft vs accepted tokens per second", "A"): 0.0,
+    ("specdec-speculation", "Draft vs accepted tokens per second", "B"): 0.0,
+    ("specdec-speculation", "Batch size (mean calls per forward pass)", "A"): 0.0,
+}
+ZERO_BEFORE = {("specdec-overview", "Tokens per second", "A"), ("specdec-speculation", "Draft vs accepted tokens per second", "A")}
 
 
 def _panels():
@@ -125,32 +144,68 @@ def _load(stack, model: str, seconds: float) -> None:
                 client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
                                                max_tokens=12, temperature=0.7, n=2)
 
+    def bad_request() -> None:
+        with raw_client(stack) as raw:
+            assert raw.post("/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 0}).status_code == 400
+
+    # a counter's series appears with its first error, at 1: a rate needs a second one, scrapes later
+    bad_request()
     with ThreadPoolExecutor(3) as pool:
         list(pool.map(one, range(3)))
-    with raw_client(stack) as raw:
-        assert raw.post("/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 0}).status_code == 400
+    bad_request()
     client.close()
+
+
+def _concrete(expr: str, model: str, instance: str) -> str:
+    concrete = (expr.replace("$__rate_interval", RATE_WINDOW).replace("$model_name", _regex_value(model))
+                .replace("$instance", _regex_value(instance)))
+    assert "$" not in concrete, concrete
+    return concrete
+
+
+def _numbers(result: list) -> list[float]:
+    return [float(r["value"][1]) for r in result]
+
+
+def test_traffic_panels_are_known():
+    """Every panel the traffic checks name exists (a renamed panel would otherwise drop out of the check)."""
+    assert set(MOVED_BY_TRAFFIC) <= {(board, title, ref) for board, title, ref, _ in _panels()}
+    assert ZERO_BEFORE <= set(MOVED_BY_TRAFFIC)
 
 
 def test_every_panel_query_returns_data(prometheus_over_stack, target_dir):
     stack, base, work = prometheus_over_stack
     model = str(target_dir)
     _wait_for_scrapes(base, 'up{job="specdec"} == 1')
+    # the negative control: enough scrapes for a rate, before any request
+    _wait_for_scrapes(base, f'count_over_time(up{{job="specdec"}}[{RATE_WINDOW}]) >= 4')
+    (instance,) = {r["metric"]["instance"] for r in _query(base, "specdec_build_info")}
+    exprs = {(board, title, ref): expr for board, title, ref, expr in _panels()}
+    before = {key: _numbers(_query(base, _concrete(exprs[key], model, instance))) for key in MOVED_BY_TRAFFIC}
+    for key, numbers in before.items():
+        assert all(v == 0 or math.isnan(v) for v in numbers), f"{key} reads {numbers} before any request"
+    for key in ZERO_BEFORE:
+        assert before[key] == [0.0], f"{key} should read 0 before any request (its counters start at 0): {before[key]}"
     _load(stack, model, seconds=6.0)
     _wait_for_scrapes(base, "specdec_request_errors_total")
     time.sleep(1.5)  # a few scrapes after the load: every rate window holds its samples
-    (instance,) = {r["metric"]["instance"] for r in _query(base, "specdec_build_info")}
     values = {}
     empty = []
     for board, title, ref, expr in _panels():
-        concrete = (expr.replace("$__rate_interval", RATE_WINDOW).replace("$model_name", _regex_value(model))
-                    .replace("$instance", _regex_value(instance)))
-        assert "$" not in concrete, concrete
+        concrete = _concrete(expr, model, instance)
         result = _query(base, concrete)
         if not result:
             empty.append(f"{board} / {title} / {ref}: {concrete}")
             continue
         values[f"{board} / {title} / {ref}"] = [(r["metric"], r["value"][1]) for r in result]
+        least = MOVED_BY_TRAFFIC.get((board, title, ref))
+        if least is not None:
+            numbers = _numbers(result)
+            assert any(math.isfinite(v) and v > least for v in numbers), \
+                f"{board} / {title} / {ref} reads {numbers} after the traffic, none above {least}: {concrete}"
     (work / "panel-values.json").write_text(json.dumps(values, indent=1))
     print("\n".join(f"{k}: {v}" for k, v in values.items()))
     assert not empty, "dashboard queries that return nothing:\n" + "\n".join(empty)
+    accepted = _numbers(_query(base, _concrete(exprs[("specdec-speculation", "Acceptance rate (accepted / drafted "
+                                                     "tokens)", "A")], model, instance)))
+    assert all(0 < v <= 1 for v in accepted), accepted  # a rate of acceptance, with a good draft

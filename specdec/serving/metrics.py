@@ -167,6 +167,11 @@ def set_build_info(service: str, model_name: str, *, dtype: str = "", device: st
                    num_speculative_tokens: int | str = "", method: str = "") -> None:
     from specdec import __version__
 
+    # One series per service and model: a service started again in this process (tests, `specdec serve`) with
+    # another configuration replaces its old labels rather than leave two series saying 1.
+    for labels in list(BUILD_INFO._metrics):  # prometheus_client keeps each child under its label values
+        if labels[:2] == (service, model_name):
+            BUILD_INFO.remove(*labels)
     BUILD_INFO.labels(service, model_name, __version__, dtype, device, str(num_speculative_tokens), method).set(1)
 
 

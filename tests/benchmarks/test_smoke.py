@@ -106,6 +106,17 @@ def run_smoke(exp: Expected, tmp_path: Path) -> tuple[str, dict]:
     return proc.stdout, json.loads(out.read_text())
 
 
+def assert_reported(stdout: str, data: dict) -> None:
+    """The JSON's checks all passed (the script exits 1 on a FAIL: run_smoke saw 0) and each printed its line;
+    each goal printed PASS or MISS (informational without --strict)."""
+    assert data["checks"] and all(data["checks"].values()), data["checks"]
+    for name in data["checks"]:
+        assert f"PASS: {name}" in stdout, name
+    for name, ok in data["goals"].items():
+        assert (f"PASS: {name}" if ok else f"MISS: {name}") in stdout, name
+    assert "FAIL: " not in stdout
+
+
 def check(exp: Expected, stdout: str, data: dict) -> None:
     missing = ({"machine", "smoke", "rows"} | exp.keys) - set(data)
     assert not missing, f"{exp.script}: JSON lacks {sorted(missing)}"
@@ -279,14 +290,14 @@ SOAK = Expected(
     {"target", "draft", "k", "clients", "minutes", "seed", "kill_draft_at", "draft_down_seconds", "draft_fallback",
      "measured_seconds", "errors", "unexpected_errors", "draft_outage", "rounds_without_draft", "rounds_with_drafts",
      "gateway_request_errors", "end_state", "greedy_checked", "greedy_mismatches", "processes", "rss_timeline_mb",
-     "log_problems", "checks", "cpu"},
+     "log_problems", "checks", "goals", "cpu"},
     numeric=["tokens/s", "requests", "completed", "cancelled", "errors"])
 METRICS = Expected(
     "bench_metrics.py", ["run", "tokens/s", "vs mean without", "scrapes", "scrape p50 ms", "scrape p99 ms"], "run",
     ["without scraper #1", "with scraper #1"],
     {"target", "draft", "k", "protocol", "streams", "max_tokens", "pairs", "interval_ms", "endpoints",
      "tokens_per_s_without", "tokens_per_s_with", "with_over_without", "pairwise_ratios", "without_spread",
-     "load_errors", "failed_scrapes", "checks", "cpu"},
+     "load_errors", "failed_scrapes", "checks", "goals", "cpu"},
     numeric=["tokens/s", "vs mean without", "scrapes"])
 
 
@@ -313,9 +324,14 @@ def check_soak(stdout: str, data: dict) -> None:
     for p in procs.values():
         assert p["RSS start MB"] > 0 and p["RSS end MB"] > 0 and isinstance(p["growth %"], float), p
     assert isinstance(data["rounds_without_draft"], dict) and data["rounds_with_drafts"] >= 0
-    assert all(isinstance(v, bool) for v in data["checks"].values()) and len(data["checks"]) >= 2
-    for name, ok in data["checks"].items():  # printed as PASS/FAIL lines
-        assert f"{'PASS' if ok else 'FAIL'}: {name}" in stdout
+    assert all(isinstance(v, bool) for v in data["checks"].values()) and len(data["checks"]) >= 4
+    assert_reported(stdout, data)
+    # what the run must have done (the script exited 0, so no check failed): the counts say so too
+    assert data["unexpected_errors"] == 0 and total["completed"] > 0
+    for kind in ("greedy", "sampled", "streamed"):
+        assert rows[kind]["completed"] > 0, rows[kind]
+    assert data["greedy_checked"] > 0 and data["greedy_mismatches"] == []
+    assert data["end_state"]["gateway_requests_running"] == data["end_state"]["gateway_requests_waiting"] == 0
     assert data["rss_timeline_mb"] and {"t", "target", "draft", "gateway"} <= set(data["rss_timeline_mb"][0])
 
 
@@ -328,8 +344,10 @@ def check_metrics(stdout: str, data: dict) -> None:
         assert e["scrapes"] > 0 and e["bytes"] > 0 and e["samples"] > 0, e
     assert len(data["tokens_per_s_without"]) == len(data["tokens_per_s_with"]) == 1
     assert isinstance(data["with_over_without"], float) and math.isfinite(data["with_over_without"])
-    for name, ok in data["checks"].items():
-        assert f"{'PASS' if ok else 'FAIL'}: {name}" in stdout
+    assert_reported(stdout, data)
+    # every generation request and every scrape answered (the counts, not only the exit status)
+    assert data["load_errors"] == [] and data["failed_scrapes"] == {}
+    assert all(e["failed"] == 0 for e in data["endpoints"]), data["endpoints"]
 
 
 @pytest.mark.parametrize("exp, extra", [pytest.param(SOAK, check_soak, id="soak.py"),
@@ -445,8 +463,7 @@ def test_smoke_kv_serving(tmp_path):
     has_budget = data["serve_flags"]["--kv-cache-memory"]
     assert ("--kv-cache-memory" in memory["serve_flags"]) == has_budget
     assert long["prefix_caching_off"] == data["serve_flags"]["--no-enable-prefix-caching"]
-    for name, ok in data["checks"].items():
-        assert f"{'PASS' if ok else 'FAIL'}: {name}" in stdout
+    assert_reported(stdout, data)
 
 
 def test_smoke_batch_invariant(tmp_path):

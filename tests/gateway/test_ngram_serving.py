@@ -10,7 +10,9 @@ import grpc
 import pytest
 
 from specdec.entrypoints.serve import ServeConfig, start_stack
+from specdec.serving import metrics as M
 from specdec.v1 import common_pb2, generation_service_pb2_grpc
+from tests.metrics_helpers import parse
 from tests.services_conftest_helpers import generate, generate_request, offline_greedy
 
 PROMPTS = ["The cat sat on the mat. The cat sat on the mat. The cat sat on the", "def f(x):\n    return x\n\ndef g"]
@@ -47,6 +49,11 @@ def test_served_lookup_drafting_equals_the_target_alone(target_dir, good_draft_d
             if "method" in spec:  # no model, no KV pool
                 assert (info.draft.kv_cache_capacity_tokens, info.draft.block_size) == (0, 0)
                 assert not info.draft.enable_prefix_caching
+            # specdec_build_info names the drafting the gateway runs, in one series
+            gateway_info = [ls for (name, ls), v in parse(M.exposition().decode()).items()
+                            if name == "specdec_build_info" and ("service", "gateway") in ls
+                            and ("model_name", str(target_dir)) in ls]
+            assert [dict(ls)["method"] for ls in gateway_info] == [info.draft.method], gateway_info
             drafted = 0
             for prompt in PROMPTS:
                 out = generate(stub, generate_request(prompt, max_tokens=N))

@@ -85,3 +85,21 @@ def test_a_closed_backend_does_not_remove_a_newer_pool_under_its_labels():
         assert _series("kv-restart-model")[("specdec_num_preemptions_total", "counter")] == 7
     finally:
         new.untrack_kv_cache()
+
+
+def _build_info_series(service: str, model: str) -> list[dict]:
+    text = M.exposition().decode()
+    return [s.labels for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "specdec_build_info" and s.labels["service"] == service and s.labels["model_name"] == model]
+
+
+def test_build_info_is_one_series_per_service_and_model():
+    """A service configured again in the same process replaces its build_info labels: one series says 1, with
+    the method it runs now (not the first one's)."""
+    M.set_build_info("gateway", "build-info-model", num_speculative_tokens=4, method="draft_model")
+    M.set_build_info("gateway", "build-info-other", num_speculative_tokens=2, method="ngram")
+    M.set_build_info("gateway", "build-info-model", num_speculative_tokens=0, method="target_only")
+    (series,) = _build_info_series("gateway", "build-info-model")
+    assert (series["method"], series["num_speculative_tokens"]) == ("target_only", "0")
+    (other,) = _build_info_series("gateway", "build-info-other")  # another model's series stays
+    assert other["method"] == "ngram"
