@@ -167,7 +167,8 @@ class QuantLinear:
         self.in_features = int(q.shape[1])
         self.packed = onednn_pack(q) if kind == "int8" and q.device.type == "cpu" else None
         self._zero_points = torch.zeros(self.out_features, dtype=torch.long) if self.packed is not None else None
-        self.fused_quantize = self.packed is not None and cpu_quantize.available()  # one C call (kernels.cpu_quantize)
+        # one C call (kernels.cpu_quantize) quantizes a pass's rows for either CPU product
+        self.fused_quantize = kind == "int8" and q.device.type == "cpu" and cpu_quantize.available()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -181,7 +182,11 @@ class QuantLinear:
             if self.bias is not None:
                 out = out + self.bias
             return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-        xq, xscale = quantize_rows(rows, self.inv_smooth, self.qdtype)
+        if self.fused_quantize and rows.dtype in (torch.float32, torch.bfloat16) and rows.device.type == "cpu":
+            xq, xscale = cpu_quantize.quantize_rows_u8(rows, self.inv_smooth)
+            xq = xq.view(torch.int8).bitwise_xor_(-128)  # u8 = value + 128: flipping the top bit gives the value
+        else:
+            xq, xscale = quantize_rows(rows, self.inv_smooth, self.qdtype)
         if x.device.type == "cuda":  # cuBLASLt: int8 wants more than 16 rows, fp8 rows a multiple of 16
             pad = max(32, -(-n // 16) * 16) - n
             if pad:
