@@ -275,11 +275,22 @@ class LeanDecoder:
                       logits_index: torch.Tensor) -> torch.Tensor:
         """One ragged pass over the KV pool: the new tokens of every sequence flat, ``input_ids`` and
         ``positions`` [tokens]; returns the logits of the rows ``logits_index`` [rows] as [rows, vocab]."""
+        return self.logits(self.hidden_paged(input_ids, positions, paged)[logits_index])
+
+    @torch.inference_mode()
+    def hidden_paged(self, input_ids: torch.Tensor, positions: torch.Tensor, paged: PagedPass) -> torch.Tensor:
+        """:meth:`forward_paged` up to the final norm: the last hidden states [tokens, hidden]. The runner
+        projects them to logits a few rows at a time (:meth:`logits`) where a pass scores a whole prompt."""
         x = self._embed(input_ids[None])  # [1, tokens, hidden]: the sequences share the rows, not padded columns
         rope = self._rope(x, positions[None])
         for i, layer in enumerate(self.layers):
             x = self._block(i, layer, x, rope, {}, paged)
-        return self._logits(x[0, logits_index])
+        return x[0]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits [rows, vocab] of last hidden states [rows, hidden] (final norm, LM head, softcap)."""
+        return self._logits(hidden)
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Any = None,
