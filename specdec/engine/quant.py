@@ -135,6 +135,12 @@ class QuantLinear:
         self._zero_points = torch.zeros(self.out_features, dtype=torch.long) if self.packed is not None else None
         self.fused_quantize = self.packed is not None and cpu_quantize.available()  # one C call (kernels.cpu_quantize)
 
+    def drop_unpacked(self) -> None:
+        """Let go of ``q`` where the product reads only the packed copy (oneDNN on CPU); call once the plan's
+        cache is written (``QuantPlan.tensors`` reads ``q``)."""
+        if self.packed is not None:
+            self.q = None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]

@@ -28,6 +28,7 @@ from specdec.engine.block_pool import ROOT
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING, DEFAULT_GPU_MEMORY_UTILIZATION,
                                      KVPool, KVStats, SequenceKVCache, kv_budget)
 from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
+from specdec.engine.memory import release_unread, weight_bytes
 from specdec.engine.quant import quantization_unavailable
 from specdec.engine.quant_plan import build_plan, save_plan
 from specdec.config import AUTO_QUANTIZATION
@@ -130,6 +131,7 @@ class ModelRunner:
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
         quantization: str | None = DEFAULT_QUANTIZATION,
+        release_unread_weights: bool = False,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
@@ -175,6 +177,12 @@ class ModelRunner:
                     lm, self.quantization, self.vocab_subset, evaluate=role == "target" and self.vocab_subset is None)
                 self.net = lean_decoder(lm.model, self.vocab_subset, batch_invariant=self.batch_invariant, quant=plan)
                 save_plan(plan, cache_file)
+                if plan is not None:
+                    plan.release()
+                if release_unread_weights:  # a service's own model: one copy of each weight (specdec.engine.memory)
+                    freed = release_unread(lm.model, self.net)
+                    logger.info("%s %s: let go of %.0f MiB of weights the lean forward holds packed", role, lm.name,
+                                freed / 2**20)
             else:
                 logger.info("%s %s: keeping transformers' forward, the lean forward does not support this model: %s",
                             role, lm.name, reason)
@@ -237,6 +245,11 @@ class ModelRunner:
 
     def __contains__(self, sequence_id: str) -> bool:
         return sequence_id in self.sequences
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights as held (each storage once: the transformers model and the lean forward's
+        products, packed copies included; ``specdec.engine.memory``)."""
+        return weight_bytes(self.lm.model, self.net)
 
     def kv_stats(self) -> KVStats:
         return self.kv.stats()
