@@ -64,21 +64,29 @@ def resident_bytes() -> int:
 
 
 def release_unread(model: torch.nn.Module, net: Any) -> int:
-    """Empty the weights of ``model``'s linear layers that ``net`` (the lean forward built on it) never reads:
-    those it holds only as oneDNN-packed or int8 copies. Returns the bytes let go.
+    """Let go of the weights of ``model``'s linear layers that ``net`` (the lean forward built on it) never
+    reads: those it holds only as oneDNN-packed or int8 copies. Returns the bytes let go.
 
-    Afterwards ``model``'s own forward cannot run: only for a model that one lean forward owns (a service's;
-    the runner's ``release_unread_weights``), never one shared with other runners or read elsewhere."""
+    A released weight keeps its shape and dtype (a zero-stride view of one element: readers of shapes, such as
+    the vocabulary size, still work) and its module refuses to run (a pre-hook raises), so ``model``'s own
+    forward fails loudly rather than computing with missing weights. Only for a model that one lean forward
+    owns (a service's; the runner's ``release_unread_weights``), never one shared with other runners."""
     read = {(str(t.device), t.untyped_storage().data_ptr()) for t in held_tensors(net)
             if not t.is_mkldnn and t.layout == torch.strided}
     freed = 0
     with torch.no_grad():
         for module in model.modules():
             weight = getattr(module, "weight", None)
-            if not isinstance(module, torch.nn.Linear) or weight is None or weight.numel() == 0:
+            if not isinstance(module, torch.nn.Linear) or weight is None or 0 in weight.stride():
                 continue
             if (str(weight.device), weight.untyped_storage().data_ptr()) in read:
                 continue
             freed += weight.numel() * weight.element_size()
-            weight.data = weight.data.new_empty((0, weight.shape[1]))
+            weight.data = weight.data.new_zeros(()).expand(weight.shape)
+            module.register_forward_pre_hook(_released)
     return freed
+
+
+def _released(module: torch.nn.Module, args: Any) -> None:
+    raise RuntimeError(f"{type(module).__name__}: its weights were released (the lean forward holds them packed); "
+                       "this model's transformers forward cannot run")

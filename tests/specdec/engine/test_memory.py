@@ -57,3 +57,12 @@ def test_a_service_runner_lets_go_of_the_weights_its_lean_forward_holds_packed(t
     ids = list(range(7, 47))
     a, b = runner.get_or_create("s", None), plain.get_or_create("s", None)
     assert torch.equal(runner.forward(a, ids, num_logits=3), plain.forward(b, ids, num_logits=3))
+
+
+def test_released_weights_keep_their_shapes_and_refuse_a_transformers_forward(target_dir):
+    lm = load_model(str(target_dir), dtype="float32")
+    vocab = lm.vocab_size
+    ModelRunner(lm, 256, role="target", release_unread_weights=True)
+    assert lm.vocab_size == vocab  # read from the LM head's shape
+    with pytest.raises(RuntimeError, match="released"):
+        _logits(lm.model, [1, 2, 3])
