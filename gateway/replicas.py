@@ -6,6 +6,12 @@ sequence stays on one replica for its whole life (its KV cache lives there); a n
 the least-loaded healthy replica. When a replica fails or drains (health NOT_SERVING, or calls answer
 UNAVAILABLE), its sequences move to another healthy replica, which rebuilds the cache from the resent
 history: a lost replica costs a recompute, never correctness.
+
+Membership follows the name: an address that leaves DNS takes no new sequences, and once the sequences
+homed on it have ended (released, or moved on failure) it is dropped and its client closed, so a set
+behind a rolling deployment does not grow without bound. Health checks of the replicas run in parallel
+(at most HEALTH_CHECK_CONCURRENCY at a time): a round over many dead addresses takes about one timeout,
+not one per address.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from specdec.errors import BackendUnavailableError, ConfigError
@@ -22,6 +29,7 @@ from specdec.errors import BackendUnavailableError, ConfigError
 logger = logging.getLogger(__name__)
 
 REPLICA_RETRY_SECONDS = 2.0
+HEALTH_CHECK_CONCURRENCY = 8  # replicas health-checked at once (each check waits up to its timeout)
 # settings the gateway puts on its backend client; a replica set hands them to every replica
 _SHARED = ("model_name", "retry_seconds", "call_timeout", "stop_retrying", "on_unavailable", "vocab_size",
            "on_call_time")
@@ -64,6 +72,8 @@ class ReplicaSet:
         self.replicas: dict[str, object] = {}
         self.healthy: dict[str, bool] = {}
         self._home: dict[str, str] = {}  # sequence id -> replica address
+        self._gone: set[str] = set()  # addresses that left the name's answer: dropped once nothing is homed there
+        self._in_flight: dict[str, int] = {}  # address -> calls under way outside a sequence's home (release)
         self._deadlines: dict[str, float | None] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -74,6 +84,7 @@ class ReplicaSet:
         probe = next(iter(self.replicas.values()))
         self.role = probe.role
         self.phase = probe.phase
+        self._checks = ThreadPoolExecutor(HEALTH_CHECK_CONCURRENCY, thread_name_prefix=f"{self.role}-health")
         self._monitor = threading.Thread(target=self._watch, args=(health_interval,), name=f"{self.role}-replicas",
                                          daemon=True)
         self._monitor.start()
@@ -99,6 +110,9 @@ class ReplicaSet:
             return  # keep what we have when DNS has nothing to say
         with self._lock:
             for addr in addrs:
+                if addr in self._gone:  # back in the name's answer before it was dropped: health decides
+                    self._gone.discard(addr)
+                    logger.info("%s replica %s is back in the name's addresses", self.role, addr)
                 if addr not in self.replicas:
                     replica = self._factory(addr)
                     # a replica that stops answering hands its sequences on quickly, rather than being
@@ -109,21 +123,46 @@ class ReplicaSet:
                     self.replicas[addr] = replica
                     self.healthy[addr] = True
                     logger.info("%s replica %s added", getattr(replica, "role", "backend"), addr)
-            for addr in set(self.replicas) - set(addrs):
-                self.healthy[addr] = False  # gone from DNS: no new sequences; held ones move on failure
+            for addr in set(self.replicas) - set(addrs) - self._gone:
+                self._gone.add(addr)
+                self.healthy[addr] = False  # gone from DNS: no new sequences; held ones stay until they end
                 logger.info("%s replica %s left the name's addresses", self.role, addr)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Drop the addresses that left the name once no sequence is homed there and no call is under way."""
+        with self._lock:
+            busy = set(self._home.values()) | {a for a, n in self._in_flight.items() if n}
+            dropped = [(addr, self.replicas.pop(addr)) for addr in sorted(self._gone - busy)
+                       if addr in self.replicas and len(self.replicas) > 1]
+            for addr, _ in dropped:
+                self._gone.discard(addr)
+                self.healthy.pop(addr, None)
+        for addr, replica in dropped:
+            logger.info("%s replica %s dropped: it left the name's addresses and serves no sequence", self.role, addr)
+            replica.close()
+
+    def check_health(self, timeout: float) -> None:
+        """Health-check every replica, at most HEALTH_CHECK_CONCURRENCY at once; an address that left the name
+        stays unhealthy (it takes no new sequence) whatever it answers."""
+        replicas = list(self.replicas.items())
+        answers = self._checks.map(lambda item: item[1].is_serving(timeout=timeout), replicas)
+        for (addr, _), ok in zip(replicas, answers):
+            ok = ok and addr not in self._gone
+            if addr in self.replicas and ok != self.healthy.get(addr):
+                logger.warning("%s replica %s is %s", self.role, addr, "serving" if ok else "NOT serving")
+            if addr in self.replicas:
+                self.healthy[addr] = ok
 
     def _watch(self, interval: float) -> None:
         last_refresh = time.monotonic()
         while not self._stop.wait(interval):
-            for addr, replica in list(self.replicas.items()):
-                ok = replica.is_serving(timeout=max(interval, 0.5))
-                if ok != self.healthy.get(addr):
-                    logger.warning("%s replica %s is %s", self.role, addr, "serving" if ok else "NOT serving")
-                self.healthy[addr] = ok
+            self.check_health(timeout=max(interval, 0.5))
             if self.address.startswith("dns:") and time.monotonic() - last_refresh >= self.refresh_seconds:
                 last_refresh = time.monotonic()
                 self._refresh()
+            else:
+                self._prune()
 
     def load(self) -> dict[str, int]:
         """Sequences each replica holds for this gateway."""
@@ -181,15 +220,24 @@ class ReplicaSet:
         self._deadlines[sequence_id] = deadline
         with self._lock:
             addr = self._home.get(sequence_id)
-        if addr is not None:
-            self.replicas[addr].set_deadline(sequence_id, deadline)
+            replica = self.replicas.get(addr) if addr is not None else None
+        if replica is not None:
+            replica.set_deadline(sequence_id, deadline)
 
     def release(self, sequence_id: str) -> None:
         self._deadlines.pop(sequence_id, None)
         with self._lock:
             addr = self._home.pop(sequence_id, None)
-        if addr is not None:
-            self.replicas[addr].release(sequence_id)
+            replica = self.replicas.get(addr) if addr is not None else None
+            if replica is not None:  # not dropped while the release is under way
+                self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
+        if replica is None:
+            return
+        try:
+            replica.release(sequence_id)
+        finally:
+            with self._lock:
+                self._in_flight[addr] -= 1
 
     def get_info(self, timeout: float):
         """The first replica's info, once every replica answers; replicas must serve the same model."""
@@ -206,5 +254,6 @@ class ReplicaSet:
 
     def close(self) -> None:
         self._stop.set()
+        self._checks.shutdown(wait=False)
         for replica in list(self.replicas.values()):
             replica.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -460,14 +461,19 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return out.reshape(probs.shape[:-1])
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> list[TokenLogprob]:
+def token_logprobs(logits: Any, token_ids: list[int], top_n: int) -> list[TokenLogprob]:
     """The raw log-probabilities of ``token_ids`` (one per row of ``logits`` [m, vocab]) and each row's
     ``top_n`` most likely tokens: log_softmax of the model's logits, before any processing (vLLM's
-    default ``raw_logprobs``)."""
+    default ``raw_logprobs``). ``logits``: a tensor, or anything that gives row slices as tensors
+    (``specdec.engine.scoring.RowLogits``, which projects only the rows asked for)."""
     out: list[TokenLogprob] = []
-    for start in range(0, len(token_ids), _LOGPROB_ROWS):  # a long prompt: a few rows at a time
-        ids = token_ids[start: start + _LOGPROB_ROWS]
-        lp = torch.log_softmax(logits[start: start + len(ids)].float(), dim=-1)  # [rows, vocab]
+    rows = logprob_chunk_rows(logits.shape[-1])
+    for start in range(0, len(token_ids), rows):  # a long prompt: a chunk of rows at a time
+        ids = token_ids[start: start + rows]
+        chunk = logits[start: start + len(ids)]
+        if not isinstance(chunk, torch.Tensor):  # RowLogits: the chunk's rows projected now, dropped after
+            chunk = chunk.materialize()
+        lp = torch.log_softmax(chunk.float(), dim=-1)  # [rows, vocab]
         chosen = lp.gather(-1, torch.tensor(ids, dtype=torch.long, device=lp.device)[:, None]).squeeze(-1).tolist()
         if top_n:
             values, idx = lp.topk(min(top_n, lp.shape[-1]), dim=-1)
@@ -478,7 +484,14 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> li
     return out
 
 
-_LOGPROB_ROWS = 256  # rows of log_softmax at a time (a 2k-token prompt x 262k vocabulary would be 2 GB)
+# fp32 logits per chunk of rows read by token_logprobs (a 32k-token prompt x Gemma-3's 262k vocabulary would be
+# 34 GB at once; at this budget a chunk is 64 rows of it, whatever the prompt's length)
+LOGPROBS_CHUNK_BYTES = 64 << 20
+
+
+def logprob_chunk_rows(vocab_size: int) -> int:
+    """Rows of [rows, vocab_size] fp32 logits per chunk: LOGPROBS_CHUNK_BYTES of them, at least one."""
+    return max(1, LOGPROBS_CHUNK_BYTES // (4 * vocab_size))
 
 
 @dataclass

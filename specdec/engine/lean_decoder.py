@@ -50,11 +50,47 @@ class _Layer:
 
 
 def fused(*modules: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weights of ``modules`` (nn.Linear) stacked by output row, and their biases (zeros where one has none)."""
-    weight = torch.cat([m.weight for m in modules]).contiguous()
+    """The weights of ``modules`` (nn.Linear) stacked by output row, and their biases (zeros where one has none).
+
+    Where the modules' weights already lie one after another (:func:`share_rows` made them views of one matrix)
+    that matrix is returned as it is: no copy."""
+    weight = _adjacent([m.weight for m in modules])
+    if weight is None:
+        with torch.no_grad(), torch.inference_mode(False):  # a normal tensor: it may become the modules' .data
+            weight = torch.cat([m.weight.detach() for m in modules]).contiguous()
     if all(m.bias is None for m in modules):
         return weight, None
     return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in modules])
+
+
+def share_rows(modules: tuple[Any, ...], weight: torch.Tensor) -> None:
+    """Make the modules' weights views of their rows in ``weight`` (what :func:`fused` stacked): one copy of the
+    weights where the lean forward keeps the fused matrix (transformers' forward, and anything else reading
+    the modules, sees the same numbers)."""
+    if _adjacent([m.weight for m in modules]) is not None:
+        return
+    with torch.no_grad():
+        first = 0
+        for m in modules:
+            rows = m.weight.shape[0]
+            m.weight.data = weight[first: first + rows]
+            first += rows
+
+
+def _adjacent(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The rows of ``weights`` as one [sum of rows, in] view where they lie one after another in one storage."""
+    first = weights[0]
+    if first.is_mkldnn or not all(w.is_contiguous() and w.dim() == 2 for w in weights):
+        return None
+    end = first.storage_offset()
+    for w in weights:
+        if (w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or w.storage_offset() != end
+                or w.shape[1] != first.shape[1] or w.dtype != first.dtype):
+            return None
+        end += w.numel()
+    if len(weights) == 1:
+        return first.detach()
+    return first.detach().as_strided((sum(w.shape[0] for w in weights), first.shape[1]), (first.shape[1], 1))
 
 
 def rope_reason(rotary: Any) -> str | None:
@@ -142,22 +178,29 @@ class LeanDecoder:
         self.intermediate = self.layers[0].gate_up.out_features // 2 if self.layers else 0
 
     # -- per-architecture hooks (Llama family here) --------------------------------------------------
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "") -> LeanLinear | QuantLinear:
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "",
+               parts: tuple[Any, ...] = ()) -> LeanLinear | QuantLinear:
         """The product named ``name`` (``lm_head``, ``<layer>.qkv|o|gate_up|down``): quantized where the plan
-        covers it (an int8 product is batch-invariant as it is: exact integer sums), else a LeanLinear."""
+        covers it (an int8 product is batch-invariant as it is: exact integer sums), else a LeanLinear.
+        ``parts``: the modules ``weight`` fuses; where the product keeps that matrix, they become views of it."""
         if self.quant is not None and self.quant.covers(name):
             return self.quant.linear(name, weight, bias)
-        return LeanLinear(weight, bias, use_onednn=self.use_onednn,
-                          tile_rows=INVARIANT_TILE_ROWS if self.batch_invariant else None)
+        out = LeanLinear(weight, bias, use_onednn=self.use_onednn,
+                         tile_rows=INVARIANT_TILE_ROWS if self.batch_invariant else None)
+        if parts and out.weight is weight:
+            share_rows(parts, weight)
+        return out
 
     def _build_layer(self, layer: Any) -> _Layer:
         a, mlp, i = layer.self_attn, layer.mlp, layer.self_attn.layer_idx
         return _Layer(
             ln1=layer.input_layernorm.weight,
-            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj), name=f"{i}.qkv"),
+            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj), name=f"{i}.qkv",
+                            parts=(a.q_proj, a.k_proj, a.v_proj)),
             o=self.linear(a.o_proj.weight, a.o_proj.bias, name=f"{i}.o"),
             ln2=layer.post_attention_layernorm.weight,
-            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0], name=f"{i}.gate_up"),
+            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0], name=f"{i}.gate_up",
+                                parts=(mlp.gate_proj, mlp.up_proj)),
             down=self.linear(mlp.down_proj.weight, name=f"{i}.down"),
         )
 
@@ -275,11 +318,22 @@ class LeanDecoder:
                       logits_index: torch.Tensor) -> torch.Tensor:
         """One ragged pass over the KV pool: the new tokens of every sequence flat, ``input_ids`` and
         ``positions`` [tokens]; returns the logits of the rows ``logits_index`` [rows] as [rows, vocab]."""
+        return self.logits(self.hidden_paged(input_ids, positions, paged)[logits_index])
+
+    @torch.inference_mode()
+    def hidden_paged(self, input_ids: torch.Tensor, positions: torch.Tensor, paged: PagedPass) -> torch.Tensor:
+        """:meth:`forward_paged` up to the final norm: the last hidden states [tokens, hidden]. The runner
+        projects them to logits a few rows at a time (:meth:`logits`) where a pass scores a whole prompt."""
         x = self._embed(input_ids[None])  # [1, tokens, hidden]: the sequences share the rows, not padded columns
         rope = self._rope(x, positions[None])
         for i, layer in enumerate(self.layers):
             x = self._block(i, layer, x, rope, {}, paged)
-        return self._logits(x[0, logits_index])
+        return x[0]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits [rows, vocab] of last hidden states [rows, hidden] (final norm, LM head, softcap)."""
+        return self._logits(hidden)
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Any = None,

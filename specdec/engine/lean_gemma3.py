@@ -83,13 +83,15 @@ class LeanGemma3Decoder(LeanDecoder):
         return _Gemma3Layer(
             kind=self.kinds[a.layer_idx],
             ln_in=self._norm_weight(layer.input_layernorm.weight),
-            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj), name=f"{i}.qkv"),
+            qkv=self.linear(*fused(a.q_proj, a.k_proj, a.v_proj), name=f"{i}.qkv",
+                            parts=(a.q_proj, a.k_proj, a.v_proj)),
             q_norm=self._norm_weight(a.q_norm.weight),
             k_norm=self._norm_weight(a.k_norm.weight),
             o=self.linear(a.o_proj.weight, a.o_proj.bias, name=f"{i}.o"),
             post_attn=self._norm_weight(layer.post_attention_layernorm.weight),
             pre_ff=self._norm_weight(layer.pre_feedforward_layernorm.weight),
-            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0], name=f"{i}.gate_up"),
+            gate_up=self.linear(fused(mlp.gate_proj, mlp.up_proj)[0], name=f"{i}.gate_up",
+                                parts=(mlp.gate_proj, mlp.up_proj)),
             down=self.linear(mlp.down_proj.weight, name=f"{i}.down"),
             post_ff=self._norm_weight(layer.post_feedforward_layernorm.weight),
         )

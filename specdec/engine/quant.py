@@ -170,6 +170,12 @@ class QuantLinear:
         # one C call (kernels.cpu_quantize) quantizes a pass's rows for either CPU product
         self.fused_quantize = kind == "int8" and q.device.type == "cpu" and cpu_quantize.available()
 
+    def drop_unpacked(self) -> None:
+        """Let go of ``q`` where the product reads only the packed copy (oneDNN on CPU); call once the plan's
+        cache is written (``QuantPlan.tensors`` reads ``q``)."""
+        if self.packed is not None:
+            self.q = None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]

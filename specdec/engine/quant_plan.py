@@ -79,6 +79,13 @@ class QuantPlan:
         self.built[name] = out
         return out
 
+    def release(self) -> None:
+        """After the cache is written: the products keep only what they compute with (their packed copies);
+        the plan lets go of the unpacked weights it read or made (one copy of the weights)."""
+        for lin in self.built.values():
+            lin.drop_unpacked()
+        self.built, self.cached = {}, {}
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """The built products as a flat dict for safetensors."""
         out = {}

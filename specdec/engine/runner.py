@@ -28,11 +28,13 @@ from specdec.engine.block_pool import ROOT
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING, DEFAULT_GPU_MEMORY_UTILIZATION,
                                      KVPool, KVStats, SequenceKVCache, kv_budget)
 from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
+from specdec.engine.memory import release_unread, weight_bytes
 from specdec.engine.quant import quantization_unavailable
 from specdec.engine.quant_plan import build_plan, save_plan
 from specdec.config import AUTO_QUANTIZATION
 from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SequencePreemptedError
 from specdec.engine.models import LoadedModel, SkinnyLinear
+from specdec.engine.scoring import RowLogits, check_scoring, scoring_pass_bytes
 from specdec.sampling import make_generator
 from specdec.seeding import round_seed, stream_key
 
@@ -129,6 +131,7 @@ class ModelRunner:
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
         quantization: str | None = DEFAULT_QUANTIZATION,
+        release_unread_weights: bool = False,
     ):
         self.lm = lm
         self.max_model_len = max_model_len
@@ -174,6 +177,12 @@ class ModelRunner:
                     lm, self.quantization, self.vocab_subset, evaluate=role == "target" and self.vocab_subset is None)
                 self.net = lean_decoder(lm.model, self.vocab_subset, batch_invariant=self.batch_invariant, quant=plan)
                 save_plan(plan, cache_file)
+                if plan is not None:
+                    plan.release()
+                if release_unread_weights:  # a service's own model: one copy of each weight (specdec.engine.memory)
+                    freed = release_unread(lm.model, self.net)
+                    logger.info("%s %s: let go of %.0f MiB of weights the lean forward holds packed", role, lm.name,
+                                freed / 2**20)
             else:
                 logger.info("%s %s: keeping transformers' forward, the lean forward does not support this model: %s",
                             role, lm.name, reason)
@@ -236,6 +245,11 @@ class ModelRunner:
 
     def __contains__(self, sequence_id: str) -> bool:
         return sequence_id in self.sequences
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights as held (each storage once: the transformers model and the lean forward's
+        products, packed copies included; ``specdec.engine.memory``)."""
+        return weight_bytes(self.lm.model, self.net)
 
     def kv_stats(self) -> KVStats:
         return self.kv.stats()
@@ -316,6 +330,14 @@ class ModelRunner:
                 f"{self.kv.capacity_tokens} tokens; raise --kv-cache-memory", param="max_model_len")
         self._check_ids(new_token_ids)
 
+    def check_scoring(self, num_tokens: int) -> None:
+        """Raise InvalidRequestError if scoring ``num_tokens`` positions in one pass could not be held
+        (``specdec.engine.scoring``): the lean forward's logits are bounded, the rest is not."""
+        sdpa = self.paged and self.lm.device.type == "cpu" and not self.batch_invariant
+        need = scoring_pass_bytes(num_tokens, self.logits_vocab_size, self.paged, sdpa,
+                                  self.net.heads // self.net.kv_heads if self.paged else 1, len(self._windows))
+        check_scoring(self.role, num_tokens, need)
+
     def _reserve(self, seqs: list[_Sequence], counts: list[int]) -> list[bool]:
         """Blocks for every row's new tokens, oldest sequence first. Short of blocks, the youngest sequences
         outside the pass are preempted, then the youngest rows of the pass; False: that row was preempted."""
@@ -362,12 +384,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_batch(self, seqs: list[_Sequence], new_token_ids: list[list[int]], num_logits: list[int],
-                      chunkable: list[bool] | None = None) -> list[torch.Tensor | SequencePreemptedError | Unfinished]:
+                      chunkable: list[bool] | None = None, lazy: list[bool] | None = None,
+                      ) -> list[torch.Tensor | RowLogits | SequencePreemptedError | Unfinished]:
         """Several sequences in ONE ragged pass; the same results as ``forward`` row by row. A row the pool
         had no room for is a SequencePreemptedError (its sequence is forgotten; resend its history).
 
         ``chunkable`` rows may be fed in part when the pass would exceed ``max_num_batched_tokens`` (chunked
-        prefill): such a row's result is UNFINISHED, and calling again with its history feeds the rest."""
+        prefill): such a row's result is UNFINISHED, and calling again with its history feeds the rest.
+        ``lazy`` rows (a prompt scored at every position) come back as ``RowLogits`` on the lean forward:
+        their logits are projected a slice at a time when read (``specdec.engine.scoring``)."""
         for seq, new in zip(seqs, new_token_ids):
             self.check_append(seq, new)
         unfinished: set[int] = set()
@@ -388,15 +413,17 @@ class ModelRunner:
             return results
         if self.paged:
             out = self._forward_paged([seqs[i] for i in rows], [new_token_ids[i] for i in rows],
-                                      [num_logits[i] for i in rows])
+                                      [num_logits[i] for i in rows], [bool(lazy and lazy[i]) for i in rows])
         else:
-            out = [self._forward_copied(seqs[i], new_token_ids[i], num_logits[i]) for i in rows]
+            out = [self._align_vocab(self._forward_copied(seqs[i], new_token_ids[i], num_logits[i]).float())
+                   for i in rows]
         for i, logits in zip(rows, out):
             seqs[i].tokens.extend(new_token_ids[i])
-            results[i] = UNFINISHED if i in unfinished else self._align_vocab(logits.float())
+            results[i] = UNFINISHED if i in unfinished else logits
         return results
 
-    def _forward_paged(self, seqs: list[_Sequence], news: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
+    def _forward_paged(self, seqs: list[_Sequence], news: list[list[int]], num_logits: list[int],
+                       lazy: list[bool]) -> list[torch.Tensor | RowLogits]:
         device = self.lm.device
         starts, counts = [s.length for s in seqs], [len(n) for n in news]
         paged = PagedPass(self.kv, [s.blocks for s in seqs], starts, counts, self._windows,
@@ -404,12 +431,22 @@ class ModelRunner:
                           group=self.net.heads // self.net.kv_heads)
         ids = torch.tensor([t for new in news for t in new], dtype=torch.long, device=device)  # [tokens]
         positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)], device=device)
-        keep, offset = [], 0
-        for n, m in zip(counts, num_logits):  # each row's last m positions reach the LM head
-            keep += range(offset + n - m, offset + n)
+        hidden = self.net.hidden_paged(ids, positions, paged)  # [tokens, hidden]
+        keep, offset, ranges = [], 0, []
+        for n, m, z in zip(counts, num_logits, lazy):  # each row's last m positions reach the LM head
+            ranges.append((offset + n - m, offset + n))
+            if not z:
+                keep += range(offset + n - m, offset + n)
             offset += n
-        logits = self.net.forward_paged(ids, positions, paged, torch.tensor(keep, dtype=torch.long, device=device))  # [rows, vocab]
-        return list(logits.split(num_logits))
+        sizes = [m for m, z in zip(num_logits, lazy) if not z]
+        eager = iter(self._project(hidden[torch.tensor(keep, dtype=torch.long, device=device)]).split(sizes)
+                     if sizes else [])
+        return [RowLogits(hidden[a:b], self._project, self.logits_vocab_size) if z else next(eager)
+                for (a, b), z in zip(ranges, lazy)]
+
+    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last hidden states [rows, hidden] -> logits [rows, logits_vocab_size] fp32 (the lean forward's head)."""
+        return self._align_vocab(self.net.logits(hidden).float())
 
     def _forward_copied(self, seq: _Sequence, new: list[int], num_logits: int) -> torch.Tensor:
         """transformers' forward for one sequence, over a copy of its history; the new entries go back to its blocks."""

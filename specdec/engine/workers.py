@@ -16,6 +16,7 @@ from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from kernels.dispatch import accept_batch, resolve
 from specdec.rejection import RaggedBatch, race_scores
 from specdec.engine.runner import UNFINISHED, ModelRunner, _Sequence
+from specdec.engine.scoring import RowLogits, materialize
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
 
@@ -205,6 +206,7 @@ class TargetWorker:
                 seq.begin_round(len(call.token_ids))
                 scored = call.params.prompt_logprobs is not None
                 if scored:  # score the whole prompt: feed it all again (no prefix-cache hits)
+                    runner.check_scoring(len(call.token_ids) + len(call.proposal.draft_token_ids))
                     runner.truncate(seq, 0)
                 new = runner.sync(seq, call.token_ids, reuse=not scored) + call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
@@ -215,17 +217,19 @@ class TargetWorker:
                 all_logits = runner.forward_batch(
                     [r[2] for r in rows], [r[3] for r in rows],
                     [len(r[3]) if r[1].params.prompt_logprobs is not None else len(r[1].proposal.draft_token_ids) + 1
-                     for r in rows], chunkable=[r[1].params.prompt_logprobs is None for r in rows])
+                     for r in rows], chunkable=[r[1].params.prompt_logprobs is None for r in rows],
+                    lazy=[r[1].params.prompt_logprobs is not None for r in rows])  # read a slice at a time
                 for r, lg in zip(rows, all_logits):
-                    if not isinstance(lg, torch.Tensor):  # preempted (no room in the pool), or a prefill chunk
+                    if not isinstance(lg, (torch.Tensor, RowLogits)):  # preempted (no room in the pool), or a prefill chunk
                         results[r[0]] = lg
-                all_logits = [lg for lg in all_logits if isinstance(lg, torch.Tensor)]
+                all_logits = [lg for lg in all_logits if isinstance(lg, (torch.Tensor, RowLogits))]
                 rows = [r for r in rows if results[r[0]] is None]
                 if not rows:
                     return results
                 try:  # the last k + 1 rows of each: the target after each draft prefix
                     accepted = self._accept([r[1] for r in rows], [r[2] for r in rows],
-                                            [lg[-(len(r[1].proposal.draft_token_ids) + 1):] for r, lg in zip(rows, all_logits)])
+                                            [materialize(lg[-(len(r[1].proposal.draft_token_ids) + 1):])
+                                             for r, lg in zip(rows, all_logits)])
                 except SpecDecError as exc:  # the batch's rows share the error (none is expected here)
                     for i, *_ in rows:
                         results[i] = exc
@@ -268,7 +272,7 @@ class TargetWorker:
             self.runner.release(sequence_id)
 
 
-def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor) -> VerifyResult:
+def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor | RowLogits) -> VerifyResult:
     """Add the logprobs the call asked for, read from the verify pass's rows: ``logits`` [m, vocab] ends
     with the k + 1 rows after each draft prefix; with prompt logprobs it holds every position (row j
     predicts token j + 1). Emitted token i (accepted drafts, then bonus/recovered) is scored by row i
@@ -276,7 +280,8 @@ def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor) 
     params = call.params
     if params.logprobs is not None:
         emitted = result.emitted(call.proposal.draft_token_ids)
-        result.logprobs = token_logprobs(logits[-(len(call.proposal.draft_token_ids) + 1):], emitted, params.logprobs)
+        result.logprobs = token_logprobs(materialize(logits[-(len(call.proposal.draft_token_ids) + 1):]), emitted,
+                                         params.logprobs)
     if params.prompt_logprobs is not None:
         result.prompt_logprobs = token_logprobs(logits[: len(call.token_ids) - 1], call.token_ids[1:],
                                                 params.prompt_logprobs)

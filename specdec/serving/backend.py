@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from specdec.config import DEFAULT_TARGET, check_quantization, parse_byte_size
 from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SequenceNotFoundError
+from specdec.engine.memory import resident_bytes
 from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
 from specdec.history import TokenHistory, common_prefix
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
@@ -152,7 +153,8 @@ class Backend:
                                   lean_forward=cfg.lean_forward, kv_cache_memory=cfg.kv_cache_memory,
                                   block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
                                   gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                  batch_invariant=cfg.batch_invariant, quantization=cfg.quantization)
+                                  batch_invariant=cfg.batch_invariant, quantization=cfg.quantization,
+                                  release_unread_weights=True)  # this service's own model: one copy of each weight
         if self.role == "draft":
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)
@@ -194,6 +196,10 @@ class Backend:
             runtime += f", draft vocabulary of {len(self.runner.vocab_subset)} ids"
         logger.info("%s backend ready: %s (%s, vocab %d, max_model_len %d; %s)", self.role, cfg.model,
                     dtype_name(self.lm.dtype), self.lm.vocab_size, self.max_model_len, runtime)
+        weights = self.runner.weight_bytes()
+        self.metrics.model_weights(weights)
+        logger.info("%s memory at start-up: weights %.0f MiB, resident %.0f MiB", self.role, weights / 2**20,
+                    resident_bytes() / 2**20)
 
     def _tli_adapter(self):
         """A TLI adapter when the target's tokenizer is given and differs from the draft's."""

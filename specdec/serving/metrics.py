@@ -86,6 +86,9 @@ FORWARD_TIME = Histogram("specdec_forward_pass_seconds", "A batch's model work o
                          buckets=_CALL_BUCKETS)
 BATCH_SIZE = Histogram("specdec_batch_size", "Calls per batched forward pass.", LABELS, buckets=_BATCH_BUCKETS)
 SEQUENCES_CACHED = Gauge("specdec_sequences_cached", "Sequences whose KV cache a service holds.", LABELS)
+MODEL_WEIGHT_BYTES = Gauge("specdec_model_weight_bytes", "Bytes of the model's weights as the service holds them "
+                           "(each storage once; packed and quantized copies included), measured at start-up.",
+                           LABELS)
 SEQUENCES_EXPIRED = Counter("specdec_sequences_expired", "Idle sequences released by the expiry "
                             "(sequence_ttl_seconds).", LABELS)
 CACHE_MISSES = Counter("specdec_cache_misses", "Calls a service answered NOT_FOUND (it did not hold the history "
@@ -351,6 +354,9 @@ class ServiceMetrics:
         for wait in queue_waits:
             queue.observe(wait)
         FORWARD_TIME.labels(*self.labels).observe(seconds)
+
+    def model_weights(self, nbytes: int) -> None:
+        MODEL_WEIGHT_BYTES.labels(*self.labels).set(nbytes)
 
     def track_cached(self, count: Callable[[], int]) -> None:
         SEQUENCES_CACHED.labels(*self.labels).set_function(count)

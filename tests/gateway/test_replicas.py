@@ -151,3 +151,102 @@ def test_draining_replica_fails_no_stream(replicas, gateway, references):
             assert out.token_ids[:MAX_TOKENS] == references[prompt][1]
     finally:
         _ensure_running(replicas)
+
+
+# -- membership and health checks, over fake replicas (no processes) --------------------------------------
+
+
+class FakeReplica:
+    """A replica client: answers verify with its address; its health check can wait at a barrier."""
+
+    role, phase, retry_seconds = "target", "verify", 60.0
+
+    def __init__(self, address, gate=None, counter=None):
+        self.address, self.gate, self.counter = address, gate, counter
+        self.released, self.closed = [], False
+
+    def is_serving(self, timeout=2.0):
+        if self.counter is not None:
+            with self.counter["lock"]:
+                self.counter["now"] += 1
+                self.counter["most"] = max(self.counter["most"], self.counter["now"])
+        try:
+            if self.gate is not None:
+                self.gate.wait()  # a dead address: the check waits (here: until the others arrive)
+            return self.gate is None
+        finally:
+            if self.counter is not None:
+                with self.counter["lock"]:
+                    self.counter["now"] -= 1
+
+    def verify(self, sequence_id, *args):
+        return self.address
+
+    def set_deadline(self, sequence_id, deadline):
+        pass
+
+    def forget(self, sequence_id):
+        pass
+
+    def release(self, sequence_id):
+        self.released.append(sequence_id)
+
+    def close(self):
+        self.closed = True
+
+
+def _replica_set(monkeypatch, answer, make=FakeReplica):
+    import gateway.replicas as replicas
+
+    monkeypatch.setattr(replicas, "resolve", lambda spec: list(answer))
+    made = {}
+
+    def factory(addr):
+        made[addr] = make(addr)
+        return made[addr]
+
+    # the monitor never ticks here: the test runs refreshes and health checks itself
+    return replicas.ReplicaSet("dns:///target:50052", factory, health_interval=3600), made
+
+
+def test_an_address_that_leaves_dns_is_dropped_once_its_sequences_end(monkeypatch):
+    answer = ["10.0.0.1:50052", "10.0.0.2:50052"]
+    rs, made = _replica_set(monkeypatch, answer)
+    try:
+        home = rs.verify("s", [1, 2], None, None)  # the sequence lives on one replica
+        other = next(a for a in answer if a != home)
+        answer[:] = ["10.0.0.3:50052"]  # a rolling update: both old addresses leave the name
+        rs._refresh()
+        assert set(rs.replicas) == {home, "10.0.0.3:50052"}  # the idle one is dropped, its client closed
+        assert made[other].closed and not made[home].closed
+        assert rs.verify("s", [1, 2, 3], None, None) == home  # the live sequence is not moved or broken
+        assert rs.verify("new", [1], None, None) == "10.0.0.3:50052"  # nothing new goes to a leaving address
+        rs.check_health(timeout=1.0)
+        assert not rs.healthy[home]  # it still answers SERVING, but it has left the name
+        rs.release("s")
+        assert made[home].released == ["s"]
+        rs._prune()  # the watch loop's next tick
+        assert set(rs.replicas) == {"10.0.0.3:50052"} and made[home].closed
+        answer[:] = []  # DNS says nothing: keep what we have
+        rs._refresh()
+        assert set(rs.replicas) == {"10.0.0.3:50052"}
+    finally:
+        rs.close()
+
+
+def test_dead_addresses_are_health_checked_in_parallel_with_a_bound(monkeypatch):
+    from gateway.replicas import HEALTH_CHECK_CONCURRENCY
+
+    n = 2 * HEALTH_CHECK_CONCURRENCY
+    # each check blocks until HEALTH_CHECK_CONCURRENCY of them are under way at once (checked one after another,
+    # the first would wait forever: the barrier breaks after 10 s and the check raises)
+    gate = threading.Barrier(HEALTH_CHECK_CONCURRENCY, timeout=10)
+    counter = {"lock": threading.Lock(), "now": 0, "most": 0}
+    answer = [f"10.0.1.{i}:50052" for i in range(n)]
+    rs, _ = _replica_set(monkeypatch, answer, make=lambda addr: FakeReplica(addr, gate, counter))
+    try:
+        rs.check_health(timeout=1.0)
+        assert counter["most"] == HEALTH_CHECK_CONCURRENCY  # in parallel, never more than the bound
+        assert not any(rs.healthy.values())
+    finally:
+        rs.close()

@@ -85,6 +85,20 @@ def test_health_is_serving_after_synchronous_start(target, channel):
     assert health_status(channel, SERVICE_NAME) == SERVING == health_status(channel, "specdec.v1.TargetService")
 
 
+def test_the_weights_held_are_exported_at_start_up_once_each(target, target_dir):
+    from specdec.engine.models import load_model
+    from specdec.serving.metrics import exposition
+    from tests.metrics_helpers import parse, total
+
+    backend = target.backend
+    held = backend.runner.weight_bytes()
+    assert total(parse(exposition().decode()), "specdec_model_weight_bytes", service="target",
+                 model_name=backend.config.model) == held
+    # the service's own model: each weight held once (packed for the lean forward), not the float one beside it
+    params = sum(p.numel() * p.element_size() for p in load_model(str(target_dir), dtype="float32").model.parameters())
+    assert 0.8 * params < held < 1.05 * params
+
+
 def test_reflection_lists_the_services(channel):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
