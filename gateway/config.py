@@ -31,6 +31,9 @@ class GatewayConfig:
                                                                             "(none: target alone)"})
     target_addr: str = field(default="localhost:50052", metadata={"help": "target service host:port, several as "
                                                                           "host:port,host:port, or dns:///NAME:PORT"})
+    dns_refresh_seconds: float = field(default=30.0, metadata={
+        "help": "how often a dns:///NAME:PORT address is resolved again (replicas that joined are added; those that "
+                "left take no new sequence and are dropped once their sequences end)"})
     host: str = field(default="0.0.0.0", metadata={"help": "address to bind"})
     port: int = field(default=50050, metadata={"help": "gRPC port of GenerationService (0: any free port)"})
     http_port: int | None = field(default=None, metadata={"help": "OpenAI-compatible HTTP port (none: no HTTP; 0: any free port)"})

@@ -57,9 +57,11 @@ class Gateway:
             return client
 
         self.draining = False  # set by drain(): new requests are refused (503 / UNAVAILABLE)
-        self.target = _client(config.target_addr, lambda addr: own_deadline(RemoteTarget(addr, timeout, security)))
+        refresh = config.dns_refresh_seconds
+        self.target = _client(config.target_addr, lambda addr: own_deadline(RemoteTarget(addr, timeout, security)),
+                              refresh)
         self.draft = (_client(config.draft_addr, lambda addr: own_deadline(
-                              RemoteDraft(addr, config.draft_sample_method, timeout, security)))
+                              RemoteDraft(addr, config.draft_sample_method, timeout, security)), refresh)
                       if config.draft_addr else None)
         self.admission = Admission(config.max_concurrent_requests, config.max_queue_len, config.max_queue_time_seconds)
         try:
@@ -370,9 +372,9 @@ def _solo_rounds(rounds: Iterator[str], seq: SequenceState) -> Iterator[tuple[st
         rounds.close()
 
 
-def _client(spec: str, make):
+def _client(spec: str, make, dns_refresh_seconds: float):
     """One backend client, or a ReplicaSet when the address names several replicas."""
-    return ReplicaSet(spec, make) if is_replica_spec(spec) else make(spec)
+    return ReplicaSet(spec, make, refresh_seconds=dns_refresh_seconds) if is_replica_spec(spec) else make(spec)
 
 
 def deadline_from_timeout(timeout: float | None) -> float | None:
