@@ -194,7 +194,7 @@ def scenario_admission(args, models, logs) -> dict:
 
 
 def scenario_prompt_logprobs(args, models, logs) -> dict:
-    from transformers import AutoTokenizer
+    from specdec.engine.models import load_tokenizer
 
     tp, gp = free_port(), free_port()
     target = ServiceProc("target", ["target-service", "--model", models.long_target, "--host", HOST, "--port",
@@ -205,7 +205,7 @@ def scenario_prompt_logprobs(args, models, logs) -> dict:
     try:
         target.launch().wait_ready(1800)
         gateway.launch().wait_ready(900)
-        tok = AutoTokenizer.from_pretrained(models.long_target_tokenizer)
+        tok = load_tokenizer(models.long_target_tokenizer)  # a built-in name (gemma-3-270m) or a folder
         text = (Path(__file__).resolve().parents[1] / "specdec/assets/text/calibration.txt").read_text()
         ids = tok(text, add_special_tokens=False)["input_ids"]
         prompt_ids = (ids * (args.long_prompt_tokens // len(ids) + 1))[:args.long_prompt_tokens]
