@@ -20,13 +20,19 @@ MIN_TOKENS_PER_TOKEN_RATE = 16
 
 
 class CallDeadline:
-    """The deadline (seconds) of a backend's next call, learnt from its recent calls."""
+    """The deadline (seconds) of a backend's next call, learnt from its recent calls.
+
+    A prefill's time grows with its tokens, and faster than linearly (attention reads every earlier token):
+    a call sending more tokens than any measured one gets the largest one's time scaled by the square of the
+    ratio, an upper bound of that growth, so a 16k-token prompt is not cut by what 100-token prompts took.
+    """
 
     def __init__(self, floor: float, factor: float, window: int = 64):
         self.floor = floor
         self.factor = factor
         self._calls: collections.deque[float] = collections.deque(maxlen=window)  # seconds of recent calls
-        self._per_token: collections.deque[float] = collections.deque(maxlen=window)  # seconds per token sent
+        # (tokens sent, seconds) of recent calls that sent at least MIN_TOKENS_PER_TOKEN_RATE tokens
+        self._prefills: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
         self._lock = threading.Lock()
 
     def observe(self, seconds: float, tokens: int) -> None:
@@ -34,13 +40,20 @@ class CallDeadline:
         with self._lock:
             self._calls.append(seconds)
             if tokens >= MIN_TOKENS_PER_TOKEN_RATE:
-                self._per_token.append(seconds / tokens)
+                self._prefills.append((tokens, seconds))
 
     def timeout(self, tokens: int) -> float:
         """The deadline of a call that sends ``tokens`` tokens."""
         with self._lock:
-            if not self._calls:
-                return self.floor * max(1.0, tokens / UNMEASURED_TOKENS_PER_FLOOR)
-            slowest = max(self._calls)
-            per_token = max(self._per_token, default=0.0)
-        return max(self.floor, self.factor * slowest, self.factor * per_token * tokens)
+            slowest = max(self._calls, default=0.0)
+            prefills = list(self._prefills)
+        larger = [s * tokens / t for t, s in prefills if t >= tokens]
+        if larger:  # calls at least this size, scaled down linearly (time grows at least linearly)
+            estimate = max(larger)
+        elif prefills:  # larger than any measured: the largest one's time x the square of the ratio
+            t, s = max(prefills)
+            estimate = s * (tokens / t) ** 2
+        else:  # unmeasured: the floor for every UNMEASURED_TOKENS_PER_FLOOR tokens, quadratic past that many
+            ratio = tokens / UNMEASURED_TOKENS_PER_FLOOR
+            estimate = self.floor * ratio * max(1.0, ratio) / self.factor
+        return max(self.floor, self.factor * slowest, self.factor * estimate)

@@ -81,13 +81,19 @@ def test_every_call_has_a_deadline_and_a_hung_backend_is_unavailable_by_name():
 
 def test_a_calls_deadline_follows_the_backends_measured_times():
     deadline = CallDeadline(floor=2.0, factor=8.0)
-    assert deadline.timeout(1) == 2.0 and deadline.timeout(4096) == 8.0  # unmeasured: the floor per 1024 tokens
+    assert deadline.timeout(1) == 2.0 and deadline.timeout(1024) == 2.0  # unmeasured: the floor per 1024 tokens,
+    assert deadline.timeout(4096) == pytest.approx(2.0 * 4 * 4)  # quadratic past that (attention's growth)
     deadline.observe(0.01, 1)
     assert deadline.timeout(1) == 2.0  # a fast backend: the floor
     deadline.observe(0.5, 3)
     assert deadline.timeout(1) == pytest.approx(4.0)  # 8 x the slowest recent call
     deadline.observe(1.0, 100)  # a prefill: 10 ms per token sent
-    assert deadline.timeout(5000) == pytest.approx(8 * 0.01 * 5000)  # a long prefill is not cut
+    assert deadline.timeout(100) == pytest.approx(8.0)  # its own size: 8 x its time
+    # past the largest measured prefill, its time x the square of the ratio: a long prompt is not cut
+    assert deadline.timeout(5000) == pytest.approx(8 * 1.0 * 50 * 50)
+    deadline.observe(30.0, 4000)
+    assert deadline.timeout(8000) == pytest.approx(8 * 30.0 * 4)  # from the largest measured prefill
+    assert deadline.timeout(2000) == pytest.approx(8 * 30.0)  # 8 x the slowest call
 
 
 def test_a_sequence_whose_first_call_failed_is_still_released():
