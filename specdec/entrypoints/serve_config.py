@@ -59,11 +59,13 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
 _LOOPBACK = "serve runs the backends on loopback ports of its own process"
 _PLAIN = "the loopback hops inside one process are plaintext"
 _ONE_METRICS = "one process, one /metrics (on the HTTP port, or serve's --metrics-port)"
+_ONE_DRAIN = "serve drains through its gateway (--drain-grace-seconds), then stops its loopback backends"
 WIRED: dict[str, dict[str, str]] = {
     "target": {"model": "the positional TARGET", "host": _LOOPBACK, "port": _LOOPBACK, "metrics_port": _ONE_METRICS,
-               "tls_cert_file": _PLAIN, "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN},
+               "tls_cert_file": _PLAIN, "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN,
+               "drain_grace_seconds": _ONE_DRAIN},
     "draft": {"host": _LOOPBACK, "port": _LOOPBACK, "metrics_port": _ONE_METRICS, "tls_cert_file": _PLAIN,
-              "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN,
+              "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN, "drain_grace_seconds": _ONE_DRAIN,
               "batch_invariant": "off: the draft's numerics never change the output (--batch-invariant is the target's)"},
     "gateway": {"draft_addr": _LOOPBACK, "target_addr": _LOOPBACK, "backend_tls_ca_file": _PLAIN,
                 "backend_tls_cert_file": _PLAIN, "backend_tls_key_file": _PLAIN, "backend_tls_server_name": _PLAIN},
