@@ -9,7 +9,7 @@ import json
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specdec.v1 import common_pb2, generation_service_pb2 as gen_pb2, generation_service_pb2_grpc
@@ -86,10 +86,13 @@ def _unencodable(value) -> bool:
 def test_http_fuzz_never_5xx_and_keeps_serving(stack, target_dir):
     _, client, _ = stack
     reference = _reference(client, target_dir)
-    seen = set()
+    seen, messages = set(), []
 
     @FUZZ
     @given(body=completion_body | chat_body)
+    # valid bodies, tried whatever the draws (which bodies the fuzzer draws varies between processes)
+    @example(body={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+    @example(body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": ["\u0000"]})
     def one(body):
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         response = _post(client, path, body)
@@ -97,13 +100,15 @@ def test_http_fuzz_never_5xx_and_keeps_serving(stack, target_dir):
             assert response.status_code == 400, (body, response.status_code, response.text[:500])
             assert "surrogate" in response.json()["error"]["message"]
         seen.add(response.status_code)
+        if response.status_code == 400 and len(messages) < 5:
+            messages.append(response.json()["error"]["message"][:200])
         assert response.status_code < 500, (body, response.status_code, response.text[:500])
         if response.status_code >= 400:
             err = response.json()["error"]
             assert err["message"] and "Traceback" not in err["message"]
 
     one()
-    assert 200 in seen and 400 in seen, seen  # the fuzzer reached both valid and invalid requests
+    assert 200 in seen and 400 in seen, (seen, messages)  # the fuzzer reached both valid and invalid requests
 
     @FUZZ
     @given(raw=st.binary(max_size=200) | odd_text.map(str.encode) | st.sampled_from(
