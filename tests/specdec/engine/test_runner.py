@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from specdec.engine.kv_cache import KVPool
-from specdec.engine.models import load_model
 from specdec.engine.runner import ModelRunner
 from specdec.engine.workers import TargetWorker
 from specdec.errors import InvalidRequestError, SequencePreemptedError
@@ -18,11 +17,6 @@ from specdec.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")
 BS = 16
-
-
-@pytest.fixture(scope="module")
-def target_lm(target_dir):
-    return load_model(str(target_dir), dtype="float32")
 
 
 def _ids(n, seed=0):

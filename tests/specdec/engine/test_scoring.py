@@ -8,7 +8,6 @@ import torch
 
 from specdec import sampling
 from specdec.engine import scoring
-from specdec.engine.models import load_model
 from specdec.engine.runner import ModelRunner
 from specdec.engine.workers import TargetWorker
 from specdec.errors import InvalidRequestError
@@ -17,11 +16,6 @@ from specdec.sampling import SamplingParams, token_logprobs
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")
 VOCAB = 49152
-
-
-@pytest.fixture(scope="module")
-def target_lm(target_dir):
-    return load_model(str(target_dir), dtype="float32")
 
 
 def _ids(n, seed=0):

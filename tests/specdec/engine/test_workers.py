@@ -260,11 +260,6 @@ def test_negative_control_coupled_noise_without_the_seed_is_detected(
 
 
 @pytest.fixture(scope="module")
-def target_lm(target_dir):
-    return load_model(str(target_dir), dtype="float32")
-
-
-@pytest.fixture(scope="module")
 def draft_lm(good_draft_dir):
     return load_model(str(good_draft_dir), dtype="float32")
 
