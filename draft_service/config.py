@@ -18,9 +18,15 @@ class DraftServiceConfig(BackendServiceConfig):
     draft_sample_method: str = field(default=spec_default("draft_sample_method"), metadata={"help": "greedy or probabilistic (default when a request leaves it unspecified)"})
     target_tokenizer: str | None = field(default=None, metadata={"help": "the target's model/tokenizer, for a draft with another vocabulary (Token-Level Intersection): proposals are then in target ids"})
     tli_proposals: str = field(default=spec_default("tli_proposals"), metadata={"help": f"with --target-tokenizer, greedy drafting proposes the drafted text tokenized for the target ('text') or intersection tokens only ('intersection'); one of {list(TLI_PROPOSALS)}"})
-    method: str = field(default=spec_default("method"), metadata={"help": "draft_model (a model drafts) or ngram (the sequence's "
-                                                                  "own history drafts; no model is loaded)"})
+    method: str = field(default=spec_default("method"), metadata={"help": "draft_model (a model drafts), ngram (the sequence's "
+                                                                  "own history drafts; no model is loaded) or suffix (suffix "
+                                                                  "trees over the sequence and earlier outputs; with --model "
+                                                                  "given: hybrid, else no model is loaded)"})
     prompt_lookup_max: int | None = field(default=None, metadata={"help": "n-gram lookup: longest n tried (with "
                                                                           "method draft_model: hybrid drafting)"})
     prompt_lookup_min: int | None = field(default=None, metadata={"help": "n-gram lookup: shortest n tried"})
+    suffix_decoding_max_tree_depth: int = field(default=spec_default("suffix_decoding_max_tree_depth"), metadata={"help": "suffix decoding: the trees' depth (longest matched context plus draft)"})
+    suffix_decoding_max_cached_requests: int = field(default=spec_default("suffix_decoding_max_cached_requests"), metadata={"help": "suffix decoding: finished sequences whose outputs the global tree keeps, oldest evicted first (0: no global tree)"})
+    suffix_decoding_max_spec_factor: float = field(default=spec_default("suffix_decoding_max_spec_factor"), metadata={"help": "suffix decoding: a draft is at most this x the matched length"})
+    suffix_decoding_min_token_prob: float = field(default=spec_default("suffix_decoding_min_token_prob"), metadata={"help": "suffix decoding: a draft stops where its empirical probability falls below this"})
     draft_top_n: int = field(default=256, metadata={"help": "probabilistic drafting samples from the renormalised top-N (0: full vocabulary); q is sent sparsely"})

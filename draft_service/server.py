@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from draft_service.config import DraftServiceConfig
-from specdec.config import TLI_PROPOSALS, SpeculativeConfig
+from specdec.config import NO_MODEL_NAMES, SUFFIX_KEYS, TLI_PROPOSALS, SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.serving.backend import Backend
 from specdec.serving.backend_service import BackendServicerMixin, require_ready, start_backend_service
@@ -52,13 +52,16 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
     """Start a draft service (see ``specdec.serving.backend_service.start_backend_service``)."""
     if config.tli_proposals not in TLI_PROPOSALS:
         raise ConfigError(f"--tli-proposals must be one of {list(TLI_PROPOSALS)}, got {config.tli_proposals!r}")
-    spec = SpeculativeConfig.from_any({"method": config.method, "model": config.model,
+    # method ngram never loads a model; method suffix does unless --model names none (then it is hybrid)
+    model = None if config.method == "ngram" or config.model in NO_MODEL_NAMES else config.model
+    spec = SpeculativeConfig.from_any({"method": config.method, "model": model,
                                        "prompt_lookup_max": config.prompt_lookup_max,
-                                       "prompt_lookup_min": config.prompt_lookup_min})
+                                       "prompt_lookup_min": config.prompt_lookup_min,
+                                       **{key: getattr(config, key) for key in SUFFIX_KEYS}})
     return start_backend_service(
         "draft", config, DraftServicer, draft_service_pb2_grpc.add_DraftServiceServicer_to_server, SERVICE_NAME,
         load_async=load_async, compute=compute, draft_sample_method=config.draft_sample_method,
         draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer,
-        tli_proposals=config.tli_proposals, lookup=spec.lookup_range() if spec.uses_lookup else None,
-        ngram_only=spec.method == "ngram",
+        tli_proposals=config.tli_proposals, lookup=spec.lookup_indexes(),
+        model_free=spec.method if spec.model_free else None,
     )

@@ -16,7 +16,7 @@ from gateway.replicas import ReplicaSet, is_replica_spec
 from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, SheddingDraft, TargetHealth
 from gateway.scheduler import RoundScheduler
 from specdec.adaptive import AdaptiveK, RoundCosts, calibrate
-from specdec.config import SpeculativeConfig, check_vocab_compatible
+from specdec.config import MODEL_FREE_METHODS, SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import Lookahead, decode
 from specdec.proposal import TokenLogprob, check_num_speculative_tokens
 from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SpecDecError
@@ -119,7 +119,7 @@ class Gateway:
         cfg = SpeculativeConfig(model=d.model_name, num_speculative_tokens=self.config.num_speculative_tokens,
                                 use_heterogeneous_vocab=self.config.use_heterogeneous_vocab,
                                 draft_sample_method=self.config.draft_sample_method)
-        if d.method != "ngram" and check_vocab_compatible(t.tokenizer_fingerprint, d.tokenizer_fingerprint,
+        if d.method not in MODEL_FREE_METHODS and check_vocab_compatible(t.tokenizer_fingerprint, d.tokenizer_fingerprint,
                                                           t.model_name, d.model_name, cfg) \
                 and d.proposal_tokenizer_fingerprint != t.tokenizer_fingerprint:  # (n-gram: any vocabulary)
             raise ConfigError(

@@ -7,7 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="python -m pip"
 $PIP install --quiet "torch==2.13.0"
-$PIP install --quiet -e ".[test]"
+# Suffix decoding's tree: ArcticInference's C++ suffix tree (what vLLM's "suffix" method uses), built from its
+# sdist against the torch above (with build isolation pip would fetch another torch, a CUDA one). ~20 s.
+$PIP install --quiet "nanobind==2.9.2" "cmake>=3.18" ninja "setuptools>=68" wheel
+$PIP install --quiet --no-build-isolation --no-deps "arctic-inference==0.3.0"
+$PIP install --quiet -e ".[test,suffix]"
 # Hugging Face's `kernels` distribution (pulled by transformers 5.25+, which pyproject excludes) has the import
 # name of this project's kernels/ package; where an earlier install left it, transformers would import ours.
 if $PIP show --quiet kernels >/dev/null 2>&1; then $PIP uninstall --quiet --yes kernels; fi

@@ -14,7 +14,12 @@ from specdec.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_METHODS = ("draft_model", "ngram")
+SUPPORTED_METHODS = ("draft_model", "ngram", "suffix")
+MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no model needed
+# A draft service's --model that names no model (with a model-free method; serve passes the method's name)
+NO_MODEL_NAMES = ("none", *MODEL_FREE_METHODS)
+SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts become target ids
 
@@ -102,10 +107,44 @@ class SpeculativeConfig:
     overlap: bool = False
     # the draft's --quantization (vLLM's key): auto (a draft's default: int8), none, int8 or fp8 (CUDA)
     quantization: str = AUTO_QUANTIZATION
+    # Suffix decoding (vLLM's keys; method "suffix", see specdec.suffix): the trees' depth (the longest
+    # context matched plus draft), the finished sequences whose outputs the global tree keeps (0: none),
+    # a draft of at most factor x the matched length, a branch stops below this empirical probability.
+    # With "model" set, suffix drafting is hybrid: a confident suffix match proposes, else the draft model.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10_000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+
+    @property
+    def model_free(self) -> bool:
+        """Drafted from token histories alone (method ngram / suffix without a model): nothing to load."""
+        return self.model is None and self.method in MODEL_FREE_METHODS
+
+    def suffix_settings(self):
+        from specdec.suffix import SuffixSettings
+
+        return SuffixSettings(self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_cached_requests,
+                              self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob)
+
+    def lookup_indexes(self):
+        """The factory of per-sequence lookup indexes this config drafts with (``specdec.ngram.NgramStore``'s
+        ``new_index``): a ``SuffixCache`` (method suffix), ``NgramIndexes`` (ngram, or prompt_lookup_max
+        set), or None (the draft model alone)."""
+        if self.method == "suffix":
+            from specdec.suffix import SuffixCache
+
+            return SuffixCache(self.suffix_settings())
+        if self.uses_lookup:
+            from specdec.ngram import NgramIndexes
+
+            return NgramIndexes(*self.lookup_range())
+        return None
 
     @property
     def uses_lookup(self) -> bool:
-        return self.method == "ngram" or self.prompt_lookup_max is not None
+        """Drafts by lookup in token histories (n-gram or suffix), alone or before the draft model."""
+        return self.method in MODEL_FREE_METHODS or self.prompt_lookup_max is not None
 
     def lookup_range(self) -> tuple[int, int]:
         """(prompt_lookup_min, prompt_lookup_max) with the defaults filled in."""
@@ -136,9 +175,16 @@ class SpeculativeConfig:
             raise ConfigError(
                 f"unknown speculative_config key(s) {unknown}; valid keys are {cls.valid_keys()}"
             )
-        if value.get("method", "draft_model") != "ngram" and not value.get("model"):
+        if value.get("method", "draft_model") not in MODEL_FREE_METHODS and not value.get("model"):
             raise ConfigError("speculative_config needs 'model': the draft model (name, folder, .gguf or hub id), "
-                              "or \"method\": \"ngram\" for n-gram lookup without a model")
+                              "or \"method\": \"ngram\" / \"suffix\" for drafting without a model")
+        if value.get("method") == "suffix" and "num_speculative_tokens" not in value:
+            # vLLM's default for suffix decoding: as long as the tree is deep (within what a round takes)
+            from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS
+
+            depth = value.get("suffix_decoding_max_tree_depth", spec_default("suffix_decoding_max_tree_depth"))
+            if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 1:
+                value = {**value, "num_speculative_tokens": min(depth, MAX_NUM_SPECULATIVE_TOKENS)}
         cfg = cls(**value)
         cfg.validate()
         return cfg
@@ -167,7 +213,12 @@ class SpeculativeConfig:
         for key in ("adaptive_k", "overlap"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be true or false")
-        if self.uses_lookup:
+        if self.method == "suffix":
+            if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
+                raise ConfigError("method \"suffix\" drafts from suffix trees; prompt_lookup_max / prompt_lookup_min "
+                                  "are the ngram method's keys (set one method)")
+            self.suffix_settings()  # checks the suffix_decoding_* keys
+        elif self.uses_lookup:
             from specdec.ngram import check_lookup
 
             check_lookup(*self.lookup_range())

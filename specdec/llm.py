@@ -147,11 +147,11 @@ class LLM:
                                                        quantization=quantization, **kv),
                                            kernels=kernels, seeded_sampling=seeded_sampling)
         cfg = self.speculative_config
-        if cfg is not None and cfg.method == "ngram":  # no draft model: the history drafts
+        if cfg is not None and cfg.model_free:  # no draft model: the histories draft (n-gram / suffix)
             if cfg.max_model_len is not None:
                 self.max_model_len = min(self.max_model_len, cfg.max_model_len)
                 self._target_worker.runner.max_model_len = self.max_model_len
-            self._draft_worker = NgramWorker(NgramStore(*cfg.lookup_range()))
+            self._draft_worker = NgramWorker(NgramStore(cfg.lookup_indexes()))
         elif cfg is not None:
             self.draft = load_model(cfg.model, dtype=draft_dtype or dtype, device=device, revision=cfg.revision)
             heterogeneous = check_vocab_compatible(
@@ -173,8 +173,8 @@ class LLM:
                                        logits_vocab_size=None if tli else self.target.vocab_size,
                                        lean_forward=lean_forward, quantization=cfg.quantization, **kv)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
-            if cfg.uses_lookup:  # hybrid: a lookup match proposes, else the draft model
-                self._draft_worker = HybridDraftWorker(self._draft_worker, *cfg.lookup_range())
+            if cfg.uses_lookup:  # hybrid: a lookup (n-gram / suffix) match proposes, else the draft model
+                self._draft_worker = HybridDraftWorker(self._draft_worker, cfg.lookup_indexes())
         # overlapped drafting: the draft's lookahead runs on this thread while the target verifies
         self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead") if cfg is not None and cfg.overlap \
             else None

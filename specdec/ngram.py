@@ -10,6 +10,10 @@ accepts a draft token with probability p(x)), which keeps sampling lossless.
 
 ``HybridDraftWorker`` tries the n-gram lookup first and asks the draft model only for the sequences
 without a match.
+
+The store and both workers take any per-sequence index with ``sync(token_ids)``, ``propose(k)``,
+``tokens`` and ``close()``, made by a factory (``NgramIndexes(min_n, max_n)`` here; suffix decoding's
+``specdec.suffix.SuffixCache`` is another).
 """
 
 from __future__ import annotations
@@ -108,6 +112,9 @@ class NgramIndex:
         self.extend(token_ids[len(self.tokens):])
         self._source, self._mark = mark_of(token_ids)
 
+    def close(self) -> None:
+        """(The sequence ended: nothing outlives it.)"""
+
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
         tokens = self.tokens
@@ -118,20 +125,34 @@ class NgramIndex:
         return []
 
 
+class NgramIndexes:
+    """The factory of n-gram indexes for n in [min_n, max_n] (checked once, here)."""
+
+    def __init__(self, min_n: int, max_n: int):
+        check_lookup(min_n, max_n)
+        self.min_n, self.max_n = min_n, max_n
+
+    def __call__(self) -> NgramIndex:
+        return NgramIndex(self.min_n, self.max_n)
+
+    def describe(self) -> str:
+        return f"n-gram lookup, n from {self.max_n} down to {self.min_n}"
+
+
 @dataclass
 class _NgramSequence:
-    index: NgramIndex
+    index: Any  # an NgramIndex, or another index (specdec.suffix.SuffixIndex)
     tokens: list[int] = field(default_factory=list)  # (the runner interface: what the service holds)
     last_used: float = field(default_factory=time.monotonic)
     vocab_state: dict = field(default_factory=dict)
 
 
 class NgramStore:
-    """Per-sequence indexes with the bookkeeping interface of a ModelRunner (services use either)."""
+    """Per-sequence indexes (made by ``new_index``) with the bookkeeping interface of a ModelRunner
+    (services use either)."""
 
-    def __init__(self, min_n: int, max_n: int, max_sequences: int = 256, max_model_len: int = 1 << 20):
-        check_lookup(min_n, max_n)
-        self.min_n, self.max_n = min_n, max_n
+    def __init__(self, new_index, max_sequences: int = 256, max_model_len: int = 1 << 20):
+        self.new_index = new_index
         self.max_sequences = max_sequences
         self.max_model_len = max_model_len
         self.sequences: dict[str, _NgramSequence] = {}
@@ -144,7 +165,7 @@ class NgramStore:
             if len(self.sequences) >= self.max_sequences:
                 raise ResourceExhaustedError(f"draft: {len(self.sequences)} sequences cached, the cap is "
                                              f"{self.max_sequences}; release finished sequences or raise max_sequences")
-            seq = self.sequences[sequence_id] = _NgramSequence(NgramIndex(self.min_n, self.max_n))
+            seq = self.sequences[sequence_id] = _NgramSequence(self.new_index())
         seq.last_used = time.monotonic()
         return seq
 
@@ -155,7 +176,11 @@ class NgramStore:
             raise SequenceNotFoundError(f"draft: unknown sequence {sequence_id!r}") from None
 
     def release(self, sequence_id: str) -> bool:
-        return self.sequences.pop(sequence_id, None) is not None
+        seq = self.sequences.pop(sequence_id, None)
+        if seq is None:
+            return False
+        seq.index.close()
+        return True
 
     def __contains__(self, sequence_id: str) -> bool:
         return sequence_id in self.sequences
@@ -211,12 +236,11 @@ class HybridDraftWorker:
     expired with it, and it records the committed history the service holds (``target_ids``) even
     over rounds the model did not draft."""
 
-    def __init__(self, model_worker, min_n: int, max_n: int):
-        check_lookup(min_n, max_n)
+    def __init__(self, model_worker, new_index):
         self.model = model_worker
         self.runner = model_worker.runner
         self.tli = model_worker.tli
-        self.min_n, self.max_n = min_n, max_n
+        self.new_index = new_index
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
         from specdec.engine.workers import ProposeCall, until_finished
@@ -232,7 +256,7 @@ class HybridDraftWorker:
         seq = self.runner.get_or_create(call.sequence_id, call.params.seed)
         index = seq.vocab_state.get("ngram")
         if index is None:
-            index = seq.vocab_state["ngram"] = NgramIndex(self.min_n, self.max_n)
+            index = seq.vocab_state["ngram"] = self.new_index()
         index.sync(call.token_ids)
         if self.tli is None:  # (a TLI draft keeps its target ids itself)
             seq.vocab_state["target_ids"] = index.tokens

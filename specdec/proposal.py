@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
 
 # The most draft tokens a round may propose (services report it in GetInfo).
-MAX_NUM_SPECULATIVE_TOKENS = 16
+MAX_NUM_SPECULATIVE_TOKENS = 32  # (suffix decoding drafts up to 32, as vLLM's)
 
 
 @dataclass

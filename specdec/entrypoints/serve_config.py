@@ -26,7 +26,7 @@ from typing import Any
 
 from draft_service.config import DraftServiceConfig
 from gateway.config import GatewayConfig
-from specdec.config import DEFAULT_HTTP_PORT, SpeculativeConfig
+from specdec.config import DEFAULT_HTTP_PORT, SUFFIX_KEYS, SpeculativeConfig
 from specdec.serving.backend import DEFAULT_QUANTIZATION, BackendConfig
 from target_service.config import TargetServiceConfig
 
@@ -49,7 +49,8 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
     "draft": {"model": "model", "method": "method", "draft_sample_method": "draft_sample_method",
               "tli_proposals": "tli_proposals", "prompt_lookup_max": "prompt_lookup_max",
               "prompt_lookup_min": "prompt_lookup_min", "max_model_len": "max_model_len", "revision": "revision",
-              "target_tokenizer": "use_heterogeneous_vocab", "quantization": "quantization"},
+              "target_tokenizer": "use_heterogeneous_vocab", "quantization": "quantization",
+              **{key: key for key in SUFFIX_KEYS}},
     "gateway": {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",
                 "use_heterogeneous_vocab": "use_heterogeneous_vocab", "disable_by_batch_size": "disable_by_batch_size",
                 "adaptive_k": "adaptive_k", "overlap": "overlap", "max_model_len": "max_model_len"},
@@ -159,11 +160,12 @@ def part_configs(cfg: Any, spec: SpeculativeConfig | None, target_model: str,
     target = backend(TargetServiceConfig, False, model=target_model, **{n: getattr(cfg, n) for n in TARGET_SAME})
     draft = None
     if spec is not None:
-        draft = backend(DraftServiceConfig, True, model=spec.model or "ngram", method=spec.method,
+        draft = backend(DraftServiceConfig, True, model=spec.model or spec.method, method=spec.method,
                         revision=spec.revision, prompt_lookup_max=spec.prompt_lookup_max,
                         prompt_lookup_min=spec.prompt_lookup_min, draft_sample_method=spec.draft_sample_method,
                         tli_proposals=spec.tli_proposals, quantization=spec.quantization or DEFAULT_QUANTIZATION,
                         target_tokenizer=target_model if spec.use_heterogeneous_vocab else None,
+                        **{key: getattr(spec, key) for key in SUFFIX_KEYS},
                         **{n: getattr(cfg, n) for n in DRAFT_SAME})
     gateway_values = {n: getattr(cfg, n) for n in gateway_same_fields()}
     gateway_values.update(

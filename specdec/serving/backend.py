@@ -18,6 +18,7 @@ from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max
 from specdec.history import TokenHistory, common_prefix
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
+from specdec.suffix import SuffixCache
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING,
                                      DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_CACHE_MEMORY)
 from specdec.engine.runner import (DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, DEFAULT_QUANTIZATION, ModelRunner,
@@ -108,7 +109,7 @@ class Backend:
     def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
                  draft_top_n: int | None = None, target_tokenizer: str | None = None,
                  compute: ComputeThread | None = None, tli_proposals: str = "text",
-                 lookup: tuple[int, int] | None = None, ngram_only: bool = False,
+                 lookup: Any = None, model_free: str | None = None,
                  seeded_sampling: str = DEFAULT_SEEDED_SAMPLING):
         if role not in ("draft", "target"):
             raise ValueError(role)
@@ -119,10 +120,11 @@ class Backend:
         self.target_tokenizer = target_tokenizer
         self.tli_proposals = tli_proposals
         self.seeded_sampling = seeded_sampling  # the target's rule for seeded sampled requests
-        # n-gram lookup (prompt_lookup_min, prompt_lookup_max): alone (ngram_only: no model is loaded) or
+        # lookup drafting (n-gram or suffix; ``lookup`` makes each sequence's index, see
+        # SpeculativeConfig.lookup_indexes): alone (model_free names the method; no model is loaded) or
         # before the draft model (hybrid)
         self.lookup = lookup
-        self.ngram_only = ngram_only
+        self.model_free = model_free
         self.compute = compute  # shared with another backend in this process (see specdec.serving.batching)
         self.tli = None
         self.lm: LoadedModel | None = None
@@ -131,15 +133,15 @@ class Backend:
         self._stop = threading.Event()
         self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
         self.sequences_expired = 0  # sequences released by the idle expiry (sequence_ttl_seconds)
-        self.metrics = ServiceMetrics(role, "ngram" if ngram_only else config.model)
+        self.metrics = ServiceMetrics(role, model_free or config.model)
         self.draining = False  # set by drain(): no new sequence is taken on
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def load(self) -> None:
         cfg = self.config
-        if self.ngram_only:  # the sequence's own history drafts: nothing to load
+        if self.model_free:  # the token histories draft: nothing to load
             self.max_model_len = cfg.max_model_len or NGRAM_MAX_MODEL_LEN
-            self.runner = NgramStore(*self.lookup, max_sequences=cfg.max_sequences, max_model_len=self.max_model_len)
+            self.runner = NgramStore(self.lookup, max_sequences=cfg.max_sequences, max_model_len=self.max_model_len)
             self.worker = NgramWorker(self.runner)
             self._start(self.worker.propose_batch)
             return
@@ -159,7 +161,7 @@ class Backend:
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)
             if self.lookup is not None:  # hybrid: a lookup match proposes, else the model
-                self.worker = HybridDraftWorker(self.worker, *self.lookup)
+                self.worker = HybridDraftWorker(self.worker, self.lookup)
             run = self.worker.propose_batch
         else:
             self.worker = TargetWorker(self.runner, kernels=cfg.kernels, seeded_sampling=self.seeded_sampling)
@@ -182,14 +184,16 @@ class Backend:
         self.metrics.track_cached(lambda: len(self.runner.sequences))
         if self.lm is not None:  # an n-gram draft holds no KV
             self.metrics.track_kv_cache(self.runner.kv_stats)
-        set_build_info(self.role, cfg.model if self.lm is not None else "ngram",
+        if isinstance(self.lookup, SuffixCache):
+            self.metrics.track_suffix_cache(self.lookup)
+        set_build_info(self.role, cfg.model if self.lm is not None else self.model_free,
                        dtype=dtype_name(self.lm.dtype) if self.lm is not None else "",
                        device=str(self.lm.device) if self.lm is not None else "cpu",
                        method=self.info()["method"] or self.draft_sample_method)
         threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
         self.ready.set()
         if self.lm is None:
-            logger.info("draft backend ready: n-gram lookup (n from %d down to %d)", self.lookup[1], self.lookup[0])
+            logger.info("draft backend ready: %s drafting, no model (%s)", self.model_free, self.lookup.describe())
             return
         runtime = "transformers forward" if self.runner.net is self.lm.model else "lean forward"
         if self.runner.vocab_subset is not None:
@@ -339,14 +343,15 @@ class Backend:
     def info(self) -> dict:
         lm = self.lm
         if lm is None:  # n-gram drafting: proposals are ids of the history, whatever the vocabulary
-            return {"model_name": "ngram", "vocab_size": 0, "tokenizer_fingerprint": "", "dtype": "", "device": "cpu",
+            return {"model_name": self.model_free, "vocab_size": 0, "tokenizer_fingerprint": "", "dtype": "", "device": "cpu",
                     "max_num_speculative_tokens": MAX_NUM_SPECULATIVE_TOKENS, "max_model_len": self.max_model_len,
                     "eos_token_ids": [], "model_source": "", "max_sequences": self.config.max_sequences,
-                    "proposal_tokenizer_fingerprint": "", "method": "ngram", "kv_cache_capacity_tokens": 0,
+                    "proposal_tokenizer_fingerprint": "", "method": self.model_free, "kv_cache_capacity_tokens": 0,
                     "block_size": 0, "enable_prefix_caching": False}
         kv = self.runner.kv_stats()
         return {
-            "method": "hybrid" if self.lookup is not None else "draft_model" if self.role == "draft" else "",
+            "method": ("suffix_hybrid" if isinstance(self.lookup, SuffixCache) else "hybrid" if self.lookup is not None
+                       else "draft_model" if self.role == "draft" else ""),
             "model_name": self.config.model,
             "vocab_size": lm.vocab_size,
             "tokenizer_fingerprint": lm.tokenizer_fingerprint,

@@ -89,6 +89,12 @@ SEQUENCES_CACHED = Gauge("specdec_sequences_cached", "Sequences whose KV cache a
 MODEL_WEIGHT_BYTES = Gauge("specdec_model_weight_bytes", "Bytes of the model's weights as the service holds them "
                            "(each storage once; packed and quantized copies included), measured at start-up.",
                            LABELS)
+SUFFIX_CACHED_REQUESTS = Gauge("specdec_suffix_cache_cached_requests", "Sequences whose outputs the suffix-decoding "
+                               "global tree holds (bounded by suffix_decoding_max_cached_requests).", LABELS)
+SUFFIX_CACHE_BYTES = Gauge("specdec_suffix_cache_bytes", "The suffix-decoding global tree's estimated size in bytes "
+                           "(read at scrape time).", LABELS)
+SUFFIX_CACHE_EVICTIONS = Gauge("specdec_suffix_cache_evicted_requests", "Sequences' outputs evicted from the "
+                               "suffix-decoding global tree since start (oldest first).", LABELS)
 SEQUENCES_EXPIRED = Counter("specdec_sequences_expired", "Idle sequences released by the expiry "
                             "(sequence_ttl_seconds).", LABELS)
 CACHE_MISSES = Counter("specdec_cache_misses", "Calls a service answered NOT_FOUND (it did not hold the history "
@@ -360,6 +366,12 @@ class ServiceMetrics:
 
     def track_cached(self, count: Callable[[], int]) -> None:
         SEQUENCES_CACHED.labels(*self.labels).set_function(count)
+
+    def track_suffix_cache(self, cache: Any) -> None:
+        """The suffix-decoding global tree's size (a ``specdec.suffix.SuffixCache``), read at every scrape."""
+        SUFFIX_CACHED_REQUESTS.labels(*self.labels).set_function(cache.cached_requests)
+        SUFFIX_CACHE_BYTES.labels(*self.labels).set_function(cache.memory_bytes)
+        SUFFIX_CACHE_EVICTIONS.labels(*self.labels).set_function(lambda: cache.evicted)
 
     def track_kv_cache(self, kv_stats: Callable[[], Any]) -> None:
         """Expose the KV pool's series from ``kv_stats()`` (a runner's KVStats) at every scrape."""

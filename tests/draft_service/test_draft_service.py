@@ -136,7 +136,7 @@ def test_unknown_sequence_is_not_found_and_says_to_resend(stub, ref, clean):
 
 
 @pytest.mark.parametrize(("kw", "code", "words"), [
-    ({"k": 17}, grpc.StatusCode.INVALID_ARGUMENT, ["num_speculative_tokens=17", "16"]),
+    ({"k": 33}, grpc.StatusCode.INVALID_ARGUMENT, ["num_speculative_tokens=33", "32"]),
     ({"new_token_ids": [VOCAB]}, grpc.StatusCode.INVALID_ARGUMENT, ["vocabulary", str(VOCAB)]),
     ({"new_token_ids": []}, grpc.StatusCode.INVALID_ARGUMENT, ["empty"]),
     ({"sequence_id": ""}, grpc.StatusCode.INVALID_ARGUMENT, ["sequence_id"]),

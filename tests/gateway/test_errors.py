@@ -31,7 +31,7 @@ def _bad_request(tokenizer, case: str):
         "empty prompt": lambda: (generate_request(""), ["prompt", "empty"]),
         "empty prompt_token_ids": lambda: (generate_request(prompt_token_ids=[]), ["prompt", "empty"]),
         "max_tokens=0": lambda: (generate_request(p, max_tokens=0), ["max_tokens"]),
-        "num_speculative_tokens too large": lambda: (generate_request(p, k=17), ["num_speculative_tokens", "17"]),
+        "num_speculative_tokens too large": lambda: (generate_request(p, k=33), ["num_speculative_tokens", "33"]),
         "prompt over max_model_len": lambda: (generate_request(prompt_token_ids=[ids[0]] * MAX_MODEL_LEN),
                                               ["max_model_len", str(MAX_MODEL_LEN)]),
         "prompt text over max_model_len": lambda: (generate_request(" hello" * (MAX_MODEL_LEN + 10)), ["max_model_len"]),

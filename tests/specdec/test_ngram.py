@@ -13,7 +13,7 @@ import specdec.engine.workers
 from specdec import LLM, SamplingParams
 from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
-from specdec.ngram import NgramIndex, NgramStore, NgramWorker
+from specdec.ngram import NgramIndex, NgramIndexes, NgramStore, NgramWorker
 from specdec.sampling import process_logits
 from tests.broken_samplers import accept_always, rowwise
 
@@ -142,7 +142,7 @@ def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_di
     support = p.nonzero().squeeze(-1).tolist()
     llm = LLM(str(target_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 2}, dtype="float32",
               seeded_sampling=seeded_sampling)
-    assert NgramWorker(NgramStore(2, 4)).propose("x", prompt, 2, params).draft_token_ids  # the lookup matches
+    assert NgramWorker(NgramStore(NgramIndexes(2, 4))).propose("x", prompt, 2, params).draft_token_ids  # the lookup matches
 
     def first_tokens(n: int) -> list[int]:
         outs = llm.generate([{"prompt_token_ids": prompt}] * n, [params.clone(seed=s) for s in range(n)])

@@ -116,7 +116,7 @@ def test_get_info(stub, target_dir, tokenizer):
     assert info.vocab_size == VOCAB and info.dtype == "float32" and info.device == "cpu"
     assert info.max_model_len == 256 and info.max_sequences == MAX_SEQUENCES
     assert tokenizer.eos_token_id in info.eos_token_ids
-    assert info.max_num_speculative_tokens == 16 and len(info.tokenizer_fingerprint) == 32
+    assert info.max_num_speculative_tokens == 32 and len(info.tokenizer_fingerprint) == 32
 
 
 def test_get_info_reports_the_kv_pool(stub, target):
@@ -252,9 +252,9 @@ def test_start_position_beyond_what_is_held_is_not_found(stub, ref, clean):
 
 def test_too_many_draft_tokens_is_invalid_argument(stub, ref, clean):
     ids, out = ref
-    err = rpc_error(lambda: _verify(stub, "k", ids, draft_token_ids=[out[0]] * 17))
+    err = rpc_error(lambda: _verify(stub, "k", ids, draft_token_ids=[out[0]] * 33))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "17" in err.details() and "num_speculative_tokens" in err.details()
+    assert "33" in err.details() and "num_speculative_tokens" in err.details()
     _ok_request(stub, ref)
 
 

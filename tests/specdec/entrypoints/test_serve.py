@@ -55,7 +55,7 @@ def test_no_target_uses_the_embedded_default_pair():
     ('{"model": "d", "num_spec_tokens": 3}', "unknown speculative_config key"),
     ('{"num_speculative_tokens": 3}', "needs 'model'"),
     ('{"model": "d", "num_speculative_tokens": 0}', "num_speculative_tokens"),
-    ('{"model": "d", "num_speculative_tokens": 17}', "num_speculative_tokens"),
+    ('{"model": "d", "num_speculative_tokens": 33}', "num_speculative_tokens"),
     ('{"model": "d", "method": "eagle"}', "not supported"),
     ('{"model": "d", "draft_sample_method": "beam"}', "draft_sample_method"),
     ('{"model": "d", "use_heterogeneous_vocab": "yes"}', "use_heterogeneous_vocab"),
