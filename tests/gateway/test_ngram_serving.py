@@ -27,26 +27,31 @@ def _stack(target_dir, spec: dict):
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 4},
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2},
+    {"method": "suffix", "num_speculative_tokens": 8},
     "hybrid",
     "adaptive hybrid",
+    "suffix hybrid",
 ])
 def test_served_lookup_drafting_equals_the_target_alone(target_dir, good_draft_dir, target_llm, spec):
     adaptive = spec == "adaptive hybrid"
     if spec in ("hybrid", "adaptive hybrid"):
         spec = {"model": str(good_draft_dir), "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                 "adaptive_k": adaptive}
+    elif spec == "suffix hybrid":
+        spec = {"method": "suffix", "model": str(good_draft_dir), "num_speculative_tokens": 3}
+    model_free = "model" not in spec
+    method = spec["method"] if model_free else "suffix_hybrid" if spec.get("method") == "suffix" else "hybrid"
     stack = _stack(target_dir, spec)
     try:
         backend = stack.draft.backend
         assert (stack.gateway.backend.round_costs is not None) == spec.get("adaptive_k", False)
-        if spec["method" if "method" in spec else "model"] == "ngram":
-            assert backend.lm is None  # no model loaded
+        assert (backend.lm is None) == model_free  # no model loaded for n-gram / suffix alone
         with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
             stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
             info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
-            assert info.draft.method == ("ngram" if "method" in spec else "hybrid")
+            assert info.draft.method == method
             assert info.target.kv_cache_capacity_tokens > 0 and info.target.block_size > 0
-            if "method" in spec:  # no model, no KV pool
+            if model_free:  # no model, no KV pool
                 assert (info.draft.kv_cache_capacity_tokens, info.draft.block_size) == (0, 0)
                 assert not info.draft.enable_prefix_caching
             # specdec_build_info names the drafting the gateway runs, in one series

@@ -181,7 +181,7 @@ REPEATING = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
 
 def test_greedy_equals_target_alone_and_the_global_tree_learns(target_dir, good_draft_dir):
     """Greedy output is the target's, with suffix drafting alone and hybrid; a repeated request's second run
-    drafts its whole output from the global tree (its rounds accept everything but the last token or so)."""
+    drafts its output from the global tree (in a third of the rounds)."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = [REPEATING, "def f(x):\n    return x\n\ndef g(x):\n    return", "Hello"]
     alone = LLM(str(target_dir), dtype="float32").generate(prompts, params)
@@ -191,7 +191,8 @@ def test_greedy_equals_target_alone_and_the_global_tree_learns(target_dir, good_
     for ref, a, b in zip(alone, first, again):
         assert a.outputs[0].token_ids == ref.outputs[0].token_ids == b.outputs[0].token_ids
     hello_first, hello_again = first[2].spec_decode_stats, again[2].spec_decode_stats
-    assert hello_again.num_accepted_tokens >= 30, hello_again.as_dict()  # 40 tokens: all but a few drafted
+    # drafts grow with the match (factor 1: 1, 2, 4, 8, 16 tokens), so most of the 40 tokens are drafted
+    assert hello_again.num_accepted_tokens >= 24, hello_again.as_dict()
     assert hello_again.num_target_passes <= hello_first.num_target_passes // 3, (hello_first.as_dict(),
                                                                               hello_again.as_dict())
     hybrid = LLM(str(target_dir), dtype="float32",

@@ -112,7 +112,9 @@ def test_speculative_config_keys_reach_the_parts():
     spec = {"method": "draft_model", "model": "d", "num_speculative_tokens": 5, "draft_sample_method": "probabilistic",
             "use_heterogeneous_vocab": True, "tli_proposals": "intersection", "max_model_len": 99, "revision": "r1",
             "prompt_lookup_max": 5, "prompt_lookup_min": 3, "disable_by_batch_size": 4, "adaptive_k": True,
-            "overlap": True, "quantization": "none"}
+            "overlap": True, "quantization": "none", "suffix_decoding_max_tree_depth": 12,
+            "suffix_decoding_max_cached_requests": 7, "suffix_decoding_max_spec_factor": 2.5,
+            "suffix_decoding_min_token_prob": 0.25}
     assert set(spec) == set(SpeculativeConfig.valid_keys())
     cfg, resolved = _serve(["t", "--speculative-config", json.dumps(spec), "--max-model-len", "120"])
     target, draft, gateway = part_configs(cfg, resolved, "t")
