@@ -58,10 +58,14 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
                                        "prompt_lookup_max": config.prompt_lookup_max,
                                        "prompt_lookup_min": config.prompt_lookup_min,
                                        **{key: getattr(config, key) for key in SUFFIX_KEYS}})
+    model_k = config.draft_model_num_speculative_tokens
+    if model_k is not None and (model is None or not spec.uses_lookup):
+        raise ConfigError("--draft-model-num-speculative-tokens is the model's k in hybrid drafting: it needs a model "
+                          "and a lookup method (--method suffix, or --prompt-lookup-max)")
     return start_backend_service(
         "draft", config, DraftServicer, draft_service_pb2_grpc.add_DraftServiceServicer_to_server, SERVICE_NAME,
         load_async=load_async, compute=compute, draft_sample_method=config.draft_sample_method,
         draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer,
         tli_proposals=config.tli_proposals, lookup=spec.lookup_indexes(),
-        model_free=spec.method if spec.model_free else None,
+        model_free=spec.method if spec.model_free else None, model_k=model_k,
     )

@@ -115,6 +115,9 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = 10_000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    # Hybrid drafting (a lookup method with "model"): the draft model's drafts per round, where a lookup (long
+    # when its match is long) has none; None: num_speculative_tokens. A model draft pays per token drafted.
+    draft_model_num_speculative_tokens: int | None = None
 
     @property
     def model_free(self) -> bool:
@@ -210,6 +213,13 @@ class SpeculativeConfig:
                                                        or self.disable_by_batch_size < 1):
             raise ConfigError(f"disable_by_batch_size must be an integer >= 1, got {self.disable_by_batch_size!r}")
         check_quantization(self.quantization)
+        k = self.draft_model_num_speculative_tokens
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= self.num_speculative_tokens):
+            raise ConfigError(f"draft_model_num_speculative_tokens must be an integer in [1, num_speculative_tokens="
+                              f"{self.num_speculative_tokens}], got {k!r}")
+        if k is not None and (self.model is None or not self.uses_lookup):
+            raise ConfigError("draft_model_num_speculative_tokens is the draft model's k in hybrid drafting: it needs "
+                              "\"model\" and a lookup method (\"method\": \"suffix\", or prompt_lookup_max)")
         for key in ("adaptive_k", "overlap"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be true or false")

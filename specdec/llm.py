@@ -174,7 +174,8 @@ class LLM:
                                        lean_forward=lean_forward, quantization=cfg.quantization, **kv)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup (n-gram / suffix) match proposes, else the draft model
-                self._draft_worker = HybridDraftWorker(self._draft_worker, cfg.lookup_indexes())
+                self._draft_worker = HybridDraftWorker(self._draft_worker, cfg.lookup_indexes(),
+                                                       cfg.draft_model_num_speculative_tokens)
         # overlapped drafting: the draft's lookahead runs on this thread while the target verifies
         self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead") if cfg is not None and cfg.overlap \
             else None

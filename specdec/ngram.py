@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
@@ -236,11 +236,12 @@ class HybridDraftWorker:
     expired with it, and it records the committed history the service holds (``target_ids``) even
     over rounds the model did not draft."""
 
-    def __init__(self, model_worker, new_index):
+    def __init__(self, model_worker, new_index, model_k: int | None = None):
         self.model = model_worker
         self.runner = model_worker.runner
         self.tli = model_worker.tli
         self.new_index = new_index
+        self.model_k = model_k  # the model's drafts per round (None: the call's k); lookups take the call's k
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
         from specdec.engine.workers import ProposeCall, until_finished
@@ -273,7 +274,9 @@ class HybridDraftWorker:
         need = [i for i, r in enumerate(results) if isinstance(r, Proposal) and not r.draft_token_ids
                 and calls[i].num_speculative_tokens > 0]
         if need:
-            for i, r in zip(need, self.model.propose_batch([calls[i] for i in need])):
+            asked = [calls[i] if self.model_k is None or calls[i].num_speculative_tokens <= self.model_k
+                     else replace(calls[i], num_speculative_tokens=self.model_k) for i in need]
+            for i, r in zip(need, self.model.propose_batch(asked)):
                 results[i] = r
         return results
 

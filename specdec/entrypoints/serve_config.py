@@ -50,6 +50,7 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
               "tli_proposals": "tli_proposals", "prompt_lookup_max": "prompt_lookup_max",
               "prompt_lookup_min": "prompt_lookup_min", "max_model_len": "max_model_len", "revision": "revision",
               "target_tokenizer": "use_heterogeneous_vocab", "quantization": "quantization",
+              "draft_model_num_speculative_tokens": "draft_model_num_speculative_tokens",
               **{key: key for key in SUFFIX_KEYS}},
     "gateway": {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",
                 "use_heterogeneous_vocab": "use_heterogeneous_vocab", "disable_by_batch_size": "disable_by_batch_size",
@@ -166,6 +167,7 @@ def part_configs(cfg: Any, spec: SpeculativeConfig | None, target_model: str,
                         tli_proposals=spec.tli_proposals, quantization=spec.quantization or DEFAULT_QUANTIZATION,
                         target_tokenizer=target_model if spec.use_heterogeneous_vocab else None,
                         **{key: getattr(spec, key) for key in SUFFIX_KEYS},
+                        draft_model_num_speculative_tokens=spec.draft_model_num_speculative_tokens,
                         **{n: getattr(cfg, n) for n in DRAFT_SAME})
     gateway_values = {n: getattr(cfg, n) for n in gateway_same_fields()}
     gateway_values.update(

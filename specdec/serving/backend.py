@@ -109,7 +109,7 @@ class Backend:
     def __init__(self, role: str, config: BackendConfig, draft_sample_method: str = "greedy",
                  draft_top_n: int | None = None, target_tokenizer: str | None = None,
                  compute: ComputeThread | None = None, tli_proposals: str = "text",
-                 lookup: Any = None, model_free: str | None = None,
+                 lookup: Any = None, model_free: str | None = None, model_k: int | None = None,
                  seeded_sampling: str = DEFAULT_SEEDED_SAMPLING):
         if role not in ("draft", "target"):
             raise ValueError(role)
@@ -125,6 +125,7 @@ class Backend:
         # before the draft model (hybrid)
         self.lookup = lookup
         self.model_free = model_free
+        self.model_k = model_k  # hybrid: the draft model's k (None: the call's)
         self.compute = compute  # shared with another backend in this process (see specdec.serving.batching)
         self.tli = None
         self.lm: LoadedModel | None = None
@@ -161,7 +162,7 @@ class Backend:
             self.tli = self._tli_adapter()
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)
             if self.lookup is not None:  # hybrid: a lookup match proposes, else the model
-                self.worker = HybridDraftWorker(self.worker, self.lookup)
+                self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k)
             run = self.worker.propose_batch
         else:
             self.worker = TargetWorker(self.runner, kernels=cfg.kernels, seeded_sampling=self.seeded_sampling)

@@ -165,6 +165,10 @@ def test_suffix_config_is_checked():
     assert SpeculativeConfig.from_any({"method": "suffix", "suffix_decoding_max_tree_depth": 64}).num_speculative_tokens == 32
     hybrid = SpeculativeConfig.from_any({"method": "suffix", "model": "d", "num_speculative_tokens": 4})
     assert not hybrid.model_free and hybrid.uses_lookup
+    with pytest.raises(ConfigError, match="draft_model_num_speculative_tokens"):
+        SpeculativeConfig.from_any({"method": "suffix", "draft_model_num_speculative_tokens": 2})  # no model
+    with pytest.raises(ConfigError, match="draft_model_num_speculative_tokens"):
+        SpeculativeConfig.from_any({"model": "d", "num_speculative_tokens": 2, "draft_model_num_speculative_tokens": 3})
     for bad, words in (({"method": "suffix", "num_speculative_tokens": 33}, ["num_speculative_tokens"]),
                        ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, ["suffix_decoding_max_tree_depth"]),
                        ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, ["max_cached_requests"]),
@@ -196,15 +200,23 @@ def test_greedy_equals_target_alone_and_the_global_tree_learns(target_dir, good_
     assert hello_again.num_target_passes <= hello_first.num_target_passes // 3, (hello_first.as_dict(),
                                                                               hello_again.as_dict())
     hybrid = LLM(str(target_dir), dtype="float32",
-                 speculative_config={"method": "suffix", "model": str(good_draft_dir), "num_speculative_tokens": 3})
-    calls = Counter()
+                 speculative_config={"method": "suffix", "model": str(good_draft_dir), "num_speculative_tokens": 8,
+                                     "draft_model_num_speculative_tokens": 2})
+    calls, model_ks = Counter(), set()
     model_propose = hybrid._draft_worker.model.propose_batch
-    hybrid._draft_worker.model.propose_batch = lambda batch: (calls.update(model=len(batch)), model_propose(batch))[1]
+
+    def counted(batch):
+        calls.update(model=len(batch))
+        model_ks.update(c.num_speculative_tokens for c in batch)
+        return model_propose(batch)
+
+    hybrid._draft_worker.model.propose_batch = counted
     outs = hybrid.generate(prompts, params)
     for ref, out in zip(alone, outs):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
     rounds = sum(o.spec_decode_stats.num_target_passes for o in outs)
     assert 0 < calls["model"] < rounds, "hybrid drafting used only one of its two drafters"
+    assert max(model_ks) <= 2, model_ks  # the model drafts its own k; suffix drafts up to 8
 
 
 def test_suffix_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch):

@@ -114,7 +114,7 @@ def test_speculative_config_keys_reach_the_parts():
             "prompt_lookup_max": 5, "prompt_lookup_min": 3, "disable_by_batch_size": 4, "adaptive_k": True,
             "overlap": True, "quantization": "none", "suffix_decoding_max_tree_depth": 12,
             "suffix_decoding_max_cached_requests": 7, "suffix_decoding_max_spec_factor": 2.5,
-            "suffix_decoding_min_token_prob": 0.25}
+            "suffix_decoding_min_token_prob": 0.25, "draft_model_num_speculative_tokens": 2}
     assert set(spec) == set(SpeculativeConfig.valid_keys())
     cfg, resolved = _serve(["t", "--speculative-config", json.dumps(spec), "--max-model-len", "120"])
     target, draft, gateway = part_configs(cfg, resolved, "t")
