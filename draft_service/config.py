@@ -20,8 +20,8 @@ class DraftServiceConfig(BackendServiceConfig):
     tli_proposals: str = field(default=spec_default("tli_proposals"), metadata={"help": f"with --target-tokenizer, greedy drafting proposes the drafted text tokenized for the target ('text') or intersection tokens only ('intersection'); one of {list(TLI_PROPOSALS)}"})
     method: str = field(default=spec_default("method"), metadata={"help": "draft_model (a model drafts), ngram (the sequence's "
                                                                   "own history drafts; no model is loaded) or suffix (suffix "
-                                                                  "trees over the sequence and earlier outputs; with --model "
-                                                                  "given: hybrid, else no model is loaded)"})
+                                                                  "trees over the sequence and earlier outputs; hybrid with "
+                                                                  "--model's draft, no model with --model none)"})
     prompt_lookup_max: int | None = field(default=None, metadata={"help": "n-gram lookup: longest n tried (with "
                                                                           "method draft_model: hybrid drafting)"})
     prompt_lookup_min: int | None = field(default=None, metadata={"help": "n-gram lookup: shortest n tried"})

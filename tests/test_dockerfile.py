@@ -58,8 +58,11 @@ def test_base_image_and_instruction_order():
     runs = [i for i, (kind, value) in enumerate(_instructions(parser)) if kind == "RUN"]
     first_copy = kinds.index("COPY")
     torch_run = next(i for i in runs if "torch==" in _instructions(parser)[i][1])
-    install_run = next(i for i in runs if "pip install ." in _instructions(parser)[i][1])
+    install_run = next(i for i in runs if 'pip install ".[suffix]"' in _instructions(parser)[i][1])
     assert torch_run < first_copy < install_run
+    # suffix decoding's tree is built against that torch (no build isolation: it would fetch another torch)
+    arctic_run = next(i for i in runs if "arctic-inference==" in _instructions(parser)[i][1])
+    assert torch_run < arctic_run < install_run and "--no-build-isolation" in _instructions(parser)[arctic_run][1]
     assert kinds.index("USER") > install_run  # root only while installing
 
 

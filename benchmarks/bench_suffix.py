@@ -1,0 +1,268 @@
+"""Suffix decoding against the target alone, n-gram drafting and the shipped default, through the served stack.
+
+Side by side in one run, greedy, the same target (default: the embedded ``smollm2-135m``), each setup a
+``specdec serve`` stack in a process of its own (``--in-process``: all in this one):
+
+  * the target alone;
+  * suffix decoding (``"method": "suffix"``, no model), k up to ``--suffix-k`` (32), vLLM's defaults otherwise;
+  * suffix hybrid: suffix first, the embedded draft model (k = ``--hybrid-model-k``) where suffix has no
+    confident match;
+  * n-gram drafting, k = 4, lookup 2-4;
+  * the shipped default (``specdec serve`` with no ``--speculative-config``).
+
+Workloads, in this order (the draft service's global tree carries what earlier requests taught it, as in
+service; every request runs once per setup, so nothing is ever a literal repeat of a measured request):
+  (a) agent: ``--agent-requests`` (50) requests made deterministically from a few templates: tool calls
+      answered with a JSON object, code edits of this repository's own functions, fixed-format status
+      reports, field extraction into JSON;
+  (b) input-grounded chats: the input-grounded prompts of ``bench_drafting.py``;
+  (c) open prose: its open-ended prompts.
+All prompts go through the target's chat template. For each request every setup runs back to back (the
+order rotating from request to request), so drift on a shared machine hits every setup alike.
+
+Per setup and workload: tokens/s (end to end), speed-up over the target alone, mean accepted tokens per
+verify pass (vLLM's mean acceptance length: emitted tokens / target passes), mean draft length (drafted tokens
+/ rounds that drafted), acceptance, and whether every output equals the target alone's. Goals (against the
+target alone): agent >= 3x, input-grounded >= 2x, open prose >= 0.97x; reported, a miss fails only with --strict.
+
+    python benchmarks/bench_suffix.py
+    python benchmarks/bench_suffix.py --smoke   # tiny random-weight models, seconds: checks the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_drafting import PROMPTS_FILE, InProcessStack, chat_formatter, load_prompts  # noqa: E402
+from bench_serving import ServedStack  # noqa: E402
+from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, report_checks,  # noqa: E402
+                    smoke_environment, smoke_models, write_json)
+
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config  # noqa: E402
+from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ("agent", "input-grounded", "open prose")
+GOALS = {"agent": 3.0, "input-grounded": 2.0, "open prose": 0.97}
+COLUMNS = ["setup", "workload", "tokens/s", "speedup", "tokens/pass", "mean draft", "acceptance", "identical"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the agent workload
+
+
+TOOLS = """You can call these tools:
+- get_weather(city: string, unit: "celsius" | "fahrenheit")
+- search_files(pattern: string, path: string)
+- create_ticket(title: string, priority: "low" | "medium" | "high")
+Answer with exactly one JSON object of the form {"tool": "<name>", "arguments": {...}} and nothing else."""
+CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Cairo", "Oslo", "Denver", "Madrid", "Seoul", "Nairobi"]
+TICKETS = ["the login page times out", "exports are missing a column", "the nightly build is red",
+           "disk usage alert on db-2", "typo on the pricing page"]
+SERVICES = ["gateway", "draft-service", "target-service", "billing", "search"]
+PEOPLE = [("Ada Lovelace", "ada@example.com", "engineer"), ("Alan Turing", "alan@example.com", "researcher"),
+          ("Grace Hopper", "grace@example.com", "admiral"), ("Linus Torvalds", "linus@example.com", "maintainer"),
+          ("Barbara Liskov", "barbara@example.com", "professor")]
+
+
+def project_functions(limit_lines: int = 14) -> list[tuple[str, str, str]]:
+    """(source, function name, a local variable) of short functions in this repository's specdec/ package."""
+    found = []
+    for path in sorted((ROOT / "specdec").glob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.FunctionDef) or not 4 <= node.end_lineno - node.lineno + 1 <= limit_lines:
+                continue
+            names = sorted({a.arg for a in node.args.args if a.arg != "self"})
+            if names:
+                found.append((ast.get_source_segment(text, node), node.name, names[0]))
+    return found
+
+
+def agent_requests(n: int, seed: int = 0) -> list[str]:
+    """n user messages from the templates, deterministic for a seed."""
+    rng = random.Random(seed)
+    functions = project_functions()
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            ask = rng.choice([f"What is the weather in {rng.choice(CITIES)} in {rng.choice(['celsius', 'fahrenheit'])}?",
+                              f"Find the Python files matching '{rng.choice(['test_*', '*_service', 'conf*'])}' under "
+                              f"'{rng.choice(['src', 'tests', 'deploy'])}'.",
+                              f"Open a {rng.choice(['low', 'medium', 'high'])} priority ticket: {rng.choice(TICKETS)}."])
+            out.append(f"{TOOLS}\n\nRequest: {ask}")
+        elif kind == 1:
+            source, name, var = functions[rng.randrange(len(functions))]
+            new = f"{var}_value"
+            out.append(f"Rename the parameter `{var}` to `{new}` in the function `{name}` below. Reply with the full "
+                       f"updated function only.\n\n```python\n{source}\n```")
+        elif kind == 2:
+            service = rng.choice(SERVICES)
+            out.append("Write a status report in exactly this format, filling in the values:\n"
+                       "Service: <name>\nStatus: <OK or DEGRADED>\nRequests: <number>\nErrors: <number>\n"
+                       "Summary: <one sentence>\n\n"
+                       f"Data: service={service}, requests={rng.randrange(1000, 99999)}, "
+                       f"errors={rng.randrange(0, 300)}, p99_latency_ms={rng.randrange(20, 900)}")
+        else:
+            name, email, role = rng.choice(PEOPLE)
+            out.append("Extract the fields name, email and role from the text below. Answer with a JSON object with "
+                       "the keys \"name\", \"email\" and \"role\" only.\n\n"
+                       f"Text: Please welcome {name}, our new {role}. You can reach them at {email}.")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# setups and requests
+
+
+def setups(args) -> dict[str, dict | None]:
+    """label -> the stack's speculative_config (None: the target alone; "default": serve's default)."""
+    return {
+        "target alone": None,
+        f"suffix k<={args.suffix_k}": {"method": "suffix", "num_speculative_tokens": args.suffix_k},
+        f"suffix hybrid k<={args.suffix_k} (draft k={args.hybrid_model_k})": {
+            "method": "suffix", "model": args.draft, "num_speculative_tokens": args.suffix_k,
+            "draft_model_num_speculative_tokens": args.hybrid_model_k},
+        "n-gram k=4 (lookup 2-4)": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                    "prompt_lookup_min": 2},
+        "shipped default": "default",
+    }
+
+
+def generate(stub, prompt: str, max_tokens: int) -> dict:
+    req = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, sampling_params=common_pb2.SamplingParams(temperature=0))
+    ids: list[int] = []
+    last = None
+    start = time.perf_counter()
+    for resp in stub.Generate(req, timeout=900):
+        ids.extend(resp.token_ids)
+        last = resp
+    return {"seconds": time.perf_counter() - start, "token_ids": ids, "drafts": last.stats.num_drafts,
+            "drafted": last.stats.num_draft_tokens, "accepted": last.stats.num_accepted_tokens,
+            "passes": last.stats.num_target_passes}
+
+
+def aggregate(labels: list[str], runs: dict, workloads: dict[str, list[int]]) -> list[dict]:
+    alone = labels[0]
+    rows = []
+    for name, idx in workloads.items():
+        base = sum(len(runs[(alone, i)]["token_ids"]) for i in idx) / sum(runs[(alone, i)]["seconds"] for i in idx)
+        for label in labels:
+            res = [runs[(label, i)] for i in idx]
+            tokens = sum(len(r["token_ids"]) for r in res)
+            tps = tokens / sum(r["seconds"] for r in res)
+            drafts, drafted, passes = (sum(r[key] for r in res) for key in ("drafts", "drafted", "passes"))
+            rows.append({"setup": label, "workload": name, "tokens/s": tps, "speedup": tps / base,
+                         "tokens/pass": tokens / passes if passes else None,
+                         "mean draft": drafted / drafts if drafts else None,
+                         "acceptance": sum(r["accepted"] for r in res) / drafted if drafted else None,
+                         "identical": all(runs[(label, i)]["token_ids"] == runs[(alone, i)]["token_ids"] for i in idx)})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT, help="the suffix hybrid's draft model")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--suffix-k", type=int, default=32, help="num_speculative_tokens of the suffix setups (the cap)")
+    ap.add_argument("--hybrid-model-k", type=int, default=1, help="the suffix hybrid's draft-model k")
+    ap.add_argument("--agent-requests", type=int, default=50)
+    ap.add_argument("--max-tokens", type=int, default=64, help="per request (answers also end at EOS)")
+    ap.add_argument("--prompts-per-set", type=int, default=None, help="the first N prompts of (b) and (c)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads of each served stack (0: all cores)")
+    ap.add_argument("--in-process", action="store_true", help="all stacks in this process (default with --smoke)")
+    add_common_args(ap)
+    add_strict_arg(ap)
+    args = ap.parse_args()
+    out_path = json_path(args, "suffix")
+    cpu = cpu_info()
+    tmp = None
+    if args.smoke:
+        tmp = tempfile.TemporaryDirectory(prefix="specdec-bench-smoke-")
+        smoke_environment(tmp.name)
+        models = smoke_models(tmp.name)
+        args.target, args.draft = models.target, models.draft
+        args.agent_requests, args.max_tokens, args.prompts_per_set, args.threads = 4, 8, 1, 1
+        args.suffix_k = min(args.suffix_k, 8)
+        args.in_process = True
+    fmt = chat_formatter(args.target, True)
+    sets = load_prompts(PROMPTS_FILE, args.prompts_per_set)
+    messages = {"agent": agent_requests(args.agent_requests), "input-grounded": sets["input-grounded"],
+                "open prose": sets["open-ended"]}
+    prompts, workloads = [], {}
+    for name in WORKLOADS:
+        workloads[name] = list(range(len(prompts), len(prompts) + len(messages[name])))
+        prompts += [fmt(m) for m in messages[name]]
+    specs = setups(args)
+    labels = list(specs)
+    runs: dict[tuple[str, int], dict] = {}
+    started = time.perf_counter()
+    with contextlib.ExitStack() as es:
+        stubs = {}
+        stacks = {}
+        for label, spec in specs.items():
+            if spec == "default":  # serve's default pair (what it runs with no model named), for this target
+                spec = specs[label] = {**default_speculative_config(), "model": args.draft}
+            cfg = dict(model=args.target, host="127.0.0.1", grpc_port=0, port=-1, dtype=args.dtype,
+                       draft_dtype=args.dtype, num_threads=args.threads,
+                       speculative_config=None if spec is None else json.dumps(spec))
+            stacks[label] = es.enter_context(InProcessStack(cfg) if args.in_process else ServedStack(cfg))
+        for label, st in stacks.items():
+            channel = es.enter_context(grpc.insecure_channel(f"127.0.0.1:{st.ports()[0]}"))
+            stubs[label] = generation_service_pb2_grpc.GenerationServiceStub(channel)
+            generate(stubs[label], fmt("Hello!"), 4)  # warm-up (outside every workload)
+        print(f"{len(stacks)} stacks up in {time.perf_counter() - started:.0f} s; {len(prompts)} requests x "
+              f"{len(labels)} setups", file=sys.stderr)
+        measure_start = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            shift = i % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                runs[(label, i)] = generate(stubs[label], prompt, args.max_tokens)
+            if i % 10 == 9:
+                print(f"{i + 1}/{len(prompts)} requests at {time.perf_counter() - measure_start:.0f} s", file=sys.stderr)
+        measured_s = time.perf_counter() - measure_start
+    cpu["load_average_end"] = list(os.getloadavg())
+    rows = aggregate(labels, runs, workloads)
+    by = {(r["setup"], r["workload"]): r for r in rows}
+    suffix_label = labels[1]
+    print(f"\n{args.target}, greedy, {args.dtype}, served (gRPC, one stream), up to {args.max_tokens} tokens (or EOS); "
+          f"{', '.join(f'{n} {len(idx)}' for n, idx in workloads.items())} requests; speedup = vs the target alone")
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags']) or 'no avx2/avx512/amx'}; load "
+          f"average {cpu['load_average_start'][0]:.1f} -> {cpu['load_average_end'][0]:.1f}; measured {measured_s:.0f} s\n")
+    print_table(rows, COLUMNS)
+    goals = {}
+    for label in labels[1:]:
+        if all(by[(label, w)]["speedup"] >= g for w, g in GOALS.items()):
+            goals.setdefault("best", label)
+    for w, g in GOALS.items():
+        goals[f"suffix {w} >= {g}x the target alone ({by[(suffix_label, w)]['speedup']:.2f}x)"] = \
+            by[(suffix_label, w)]["speedup"] >= g
+    goals.pop("best", None)
+    checks = {f"{label}: every output identical to the target alone's": all(
+        by[(label, w)]["identical"] for w in WORKLOADS) for label in labels[1:]}
+    write_json(out_path, {"smoke": args.smoke, "target": args.target, "draft": args.draft, "dtype": args.dtype,
+                          "max_tokens": args.max_tokens, "cpu": cpu, "setups": specs, "rows": rows, "goals": goals,
+                          "checks": checks, "measured_seconds": measured_s, "messages": messages,
+                          "measurements": [{"setup": label, "request": i, **{k: v for k, v in r.items() if k != "token_ids"},
+                                            "tokens": len(r["token_ids"])} for (label, i), r in runs.items()]})
+    if tmp is not None:
+        tmp.cleanup()
+    return report_checks(checks, goals, args.strict)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
