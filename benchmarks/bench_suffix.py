@@ -16,7 +16,8 @@ service; every request runs once per setup, so nothing is ever a literal repeat 
       answered with a JSON object, code edits of this repository's own functions, fixed-format status
       reports, field extraction into JSON;
   (b) input-grounded chats: the input-grounded prompts of ``bench_drafting.py``;
-  (c) open prose: its open-ended prompts.
+  (c) open prose: its open-ended prompts;
+  and "mixed": (b) and (c) together (where bench_drafting.py chose the shipped default).
 All prompts go through the target's chat template. For each request every setup runs back to back (the
 order rotating from request to request), so drift on a shared machine hits every setup alike.
 
@@ -54,7 +55,7 @@ from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_co
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = ("agent", "input-grounded", "open prose")
+WORKLOADS = ("agent", "input-grounded", "open prose")  # run in this order; "mixed" = the last two, aggregated
 GOALS = {"agent": 3.0, "input-grounded": 2.0, "open prose": 0.97}
 COLUMNS = ["setup", "workload", "tokens/s", "speedup", "tokens/pass", "mean draft", "acceptance", "identical"]
 
@@ -207,6 +208,7 @@ def main() -> int:
     for name in WORKLOADS:
         workloads[name] = list(range(len(prompts), len(prompts) + len(messages[name])))
         prompts += [fmt(m) for m in messages[name]]
+    workloads["mixed"] = workloads["input-grounded"] + workloads["open prose"]
     specs = setups(args)
     labels = list(specs)
     runs: dict[tuple[str, int], dict] = {}
@@ -254,9 +256,16 @@ def main() -> int:
     goals.pop("best", None)
     checks = {f"{label}: every output identical to the target alone's": all(
         by[(label, w)]["identical"] for w in WORKLOADS) for label in labels[1:]}
+    # should suffix hybrid be serve's default? It must beat the shipped default on mixed and not lose on prose.
+    hybrid, default = labels[2], labels[-1]
+    verdict = {"suffix hybrid over the shipped default, mixed": by[(hybrid, "mixed")]["tokens/s"] / by[(default, "mixed")]["tokens/s"],
+               "suffix hybrid over the shipped default, open prose": by[(hybrid, "open prose")]["tokens/s"]
+               / by[(default, "open prose")]["tokens/s"]}
+    for name, value in verdict.items():
+        print(f"{name}: {value:.2f}x")
     write_json(out_path, {"smoke": args.smoke, "target": args.target, "draft": args.draft, "dtype": args.dtype,
                           "max_tokens": args.max_tokens, "cpu": cpu, "setups": specs, "rows": rows, "goals": goals,
-                          "checks": checks, "measured_seconds": measured_s, "messages": messages,
+                          "checks": checks, "default_verdict": verdict, "measured_seconds": measured_s, "messages": messages,
                           "measurements": [{"setup": label, "request": i, **{k: v for k, v in r.items() if k != "token_ids"},
                                             "tokens": len(r["token_ids"])} for (label, i), r in runs.items()]})
     if tmp is not None:

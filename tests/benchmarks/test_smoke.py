@@ -499,3 +499,31 @@ def test_smoke_quantization(tmp_path):
     # every speculative row is lossless against its own target alone (int8 rows against the int8 target)
     assert all(r["identical"] for r in rows.values() if r["vs its target alone"] is not None)
     assert "int8_perplexity_within_2pct" in " ".join(data["goals"])
+
+
+# --------------------------------------------------------------------------------------------------
+# bench_suffix.py: suffix decoding vs the target alone, suffix hybrid, n-gram, the shipped default
+
+
+SUFFIX_SETUPS = ["target alone", "suffix k<=8", "suffix hybrid k<=8 (draft k=1)", "n-gram k=4 (lookup 2-4)",
+                 "shipped default"]
+SUFFIX_WORKLOADS = ["agent", "input-grounded", "open prose", "mixed"]
+SUFFIX = Expected(
+    "bench_suffix.py", ["setup", "workload", "tokens/s", "speedup", "tokens/pass", "mean draft", "acceptance",
+                        "identical"], "setup", SUFFIX_SETUPS * len(SUFFIX_WORKLOADS),
+    {"target", "draft", "dtype", "max_tokens", "cpu", "setups", "goals", "checks", "default_verdict",
+     "measured_seconds", "messages", "measurements"},
+    numeric=["tokens/s", "speedup", "tokens/pass"])
+
+
+def test_smoke_suffix(tmp_path):
+    stdout, data = run_smoke(SUFFIX, tmp_path)
+    check(SUFFIX, stdout, data)
+    assert_reported(stdout, data)
+    rows = data["rows"]
+    assert [r["workload"] for r in rows] == [w for w in SUFFIX_WORKLOADS for _ in SUFFIX_SETUPS]
+    assert all(r["identical"] for r in rows)
+    assert len(data["messages"]["agent"]) == 4 and all(m for m in data["messages"]["agent"])
+    # every setup answered every request, and the suffix stack drafted somewhere (its own prompts repeat)
+    assert len(data["measurements"]) == len(SUFFIX_SETUPS) * sum(len(v) for v in data["messages"].values())
+    assert any(m["drafted"] > 0 for m in data["measurements"] if m["setup"] == "suffix k<=8")

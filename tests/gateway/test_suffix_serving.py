@@ -76,3 +76,20 @@ def test_draft_restart_mid_stream_keeps_the_output(servers, suffix_stack, target
     assert (box["result"].text, box["result"].token_ids) == offline_greedy(target_llm, PROMPTS[0], N)
     assert hook.calls > 3
     wait_released(st["target"], st["draft"])
+
+
+def test_concurrent_streams_with_variable_drafts_equal_the_target_alone(suffix_stack, target_llm):
+    """The group scheduler verifies sequences whose suffix drafts differ in length in one pass (some draft
+    nothing, some many): every stream is the target's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    st = suffix_stack
+    del st["target"].backend.batch_sizes[:]  # (the batches of this test only)
+    prompts = [PROMPTS[0], PROMPTS[1], "Hello", PROMPTS[0] + " The cat"]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        outs = list(pool.map(lambda p: generate(st["stub"], generate_request(p, max_tokens=24, k=16)), prompts))
+    for prompt, out in zip(prompts, outs):
+        assert (out.text, out.token_ids) == offline_greedy(target_llm, prompt, 24), prompt
+    assert sum(o.last.stats.num_draft_tokens for o in outs) > 0
+    assert max(st["target"].backend.batch_sizes) > 1, "the streams were never verified together"
+    wait_released(st["target"], st["draft"])

@@ -251,3 +251,21 @@ def test_suffix_sampling_follows_the_target_and_a_broken_rule_is_caught(target_d
     counts = Counter(first_tokens(600))
     observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
     assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) < 1e-3
+
+
+def test_penalties_and_logprobs_with_suffix_drafts_equal_the_target_alone(target_dir):
+    """Penalties change the target's distribution at each verified position (the drafts do not know them);
+    logprobs are the target's: both equal target-only decoding with the same parameters."""
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, presence_penalty=0.4,
+                            frequency_penalty=0.3, repetition_penalty=1.1, logprobs=2)
+    alone = LLM(str(target_dir), dtype="float32").generate([REPEATING], params)[0].outputs[0]
+    llm = LLM(str(target_dir), speculative_config={"method": "suffix", "num_speculative_tokens": 8}, dtype="float32")
+    for _ in range(2):  # the second run drafts from the first one's output, which the penalties shaped
+        out = llm.generate([REPEATING], params)[0]
+        got = out.outputs[0]
+        assert got.token_ids == alone.token_ids
+        for mine, ref in zip(got.logprobs, alone.logprobs):
+            assert mine.keys() == ref.keys()
+            for t in ref:
+                assert mine[t].logprob == pytest.approx(ref[t].logprob, abs=1e-4)
+    assert out.spec_decode_stats.num_accepted_tokens > 0

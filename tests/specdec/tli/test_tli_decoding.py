@@ -317,3 +317,18 @@ def test_history_near_the_drafts_context_decodes_like_target_alone(tiny_pair):
     draft_len = len(tli_llm._draft_worker.tli.draft_history({}, target_tok(prompt).input_ids))
     assert draft_len + 2 + 6 <= DRAFT_MAX_POS, draft_len
     assert _greedy_ids(tli_llm, prompt) == _greedy_ids(target_llm, prompt)
+
+
+@pytest.mark.slow
+def test_tli_suffix_hybrid_greedy_equals_target_alone(target_only):
+    """Suffix decoding in front of a TLI draft: the trees hold the target's ids (the histories it is given), so
+    its drafts need no mapping; the model drafts through TLI where suffix has no match. Token-identical."""
+    spec = {"method": "suffix", "model": DRAFT_NAME, "num_speculative_tokens": 8, "use_heterogeneous_vocab": True,
+            "draft_model_num_speculative_tokens": 2}
+    llm = LLM(TARGET_NAME, speculative_config=spec, dtype="float32")
+    assert isinstance(llm._draft_worker.tli, TLIAdapter)
+    for _ in range(2):  # the second pass drafts from the first one's outputs (the global tree)
+        outs = llm.generate(PROMPTS, GREEDY)
+        for prompt, out in zip(PROMPTS, outs):
+            assert out.outputs[0].token_ids == target_only[prompt][1], prompt
+    assert sum(o.spec_decode_stats.num_accepted_tokens for o in outs) >= MAX_TOKENS * len(PROMPTS) // 2
