@@ -509,7 +509,7 @@ SUFFIX_SETUPS = ["target alone", "suffix k<=8", "suffix hybrid k<=8 (draft k=1)"
                  "shipped default"]
 SUFFIX_WORKLOADS = ["agent", "input-grounded", "open prose", "mixed"]
 SUFFIX = Expected(
-    "bench_suffix.py", ["setup", "workload", "tokens/s", "speedup", "tokens/pass", "mean draft", "acceptance",
+    "bench_suffix.py", ["setup", "workload", "tokens/s", "speedup", "decode speedup", "tokens/pass", "mean draft", "acceptance",
                         "identical"], "setup", SUFFIX_SETUPS * len(SUFFIX_WORKLOADS),
     {"target", "draft", "dtype", "max_tokens", "cpu", "setups", "goals", "checks", "default_verdict",
      "measured_seconds", "messages", "measurements"},
