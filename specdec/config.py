@@ -30,16 +30,20 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 2  # k when a speculative_config names none
 # (specdec.engine.quant). None (the default) picks by role: int8 for a draft, none for a target.
 QUANTIZATIONS = ("none", "int8", "fp8")
 AUTO_QUANTIZATION = "auto"  # the role's default: int8 for a draft, none for a target
-# k of the embedded default pair: measured best with its float32 target (benchmarks/bench_default_pair.py).
-# On 2 CPU cores an fp32 pass of 2 tokens costs what one token does, 3-5 tokens ~1.4-1.6x, and the draft
-# agrees ~30% of the time on the next token: k=1 gains, longer proposals lose.
-DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 1
-# The default pair drafts hybrid: an n-gram match in the sequence's history proposes, else the draft
-# model. Measured (benchmarks/bench_drafting.py, served, greedy, 2 cores): on a mixed set of
-# input-grounded and open-ended prompts 1.14x the target alone vs 1.03x for the model draft alone
-# (1.10x it in every repeat), no worse on open-ended prompts, 1.33x on input-grounded ones.
-DEFAULT_PAIR_PROMPT_LOOKUP_MAX = 3
-DEFAULT_PAIR_PROMPT_LOOKUP_MIN = 2
+# The embedded default pair drafts suffix-hybrid: a confident suffix-tree match (the sequence's own history and
+# earlier requests' outputs, specdec.suffix) proposes up to DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS tokens, else the
+# draft model proposes DEFAULT_PAIR_DRAFT_MODEL_K. Measured (benchmarks/bench_suffix.py, served, greedy, fp32,
+# 2 cores avx2): input-grounded 1.99x and open prose 1.13x the target alone, against 1.47x / 1.06x for the
+# n-gram hybrid it replaced (1.35x it on the mixed set, 1.07x on prose), agent traffic 2.55x (1.33x).
+# The model's k: a float32 target pass of 2 tokens costs what one does, the draft agrees ~30% of the time on
+# the next token, so k=1 (benchmarks/bench_default_pair.py). The suffix cap: a batch-invariant target's pass
+# costs one 16-row tile for up to 16 rows (specdec.engine.lean_linear.INVARIANT_TILE_ROWS), so up to 15
+# drafts verify at the price of one token; a 16th starts a second tile. The factor: drafts of up to 4x the
+# matched length (vLLM's default is 1): agent traffic 2.68x (factor 1), 2.94x (2), 3.14x (4) at k<=15, and
+# 2.87x at k<=31 with factor 2 (bench_suffix.py --only-variants, one run).
+DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 15
+DEFAULT_PAIR_DRAFT_MODEL_K = 1
+DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR = 4.0
 # The default pair verifies without drafts while this many sequences generate (vLLM's disable_by_batch_size).
 # Measured (benchmarks/bench_concurrency.py, served, greedy, 48 tokens, 2 cores, best of 2): the target
 # alone batched gains more from concurrency than speculation does: at 1 stream the pair runs ~1.0x the
@@ -275,8 +279,9 @@ def default_speculative_config() -> dict | None:
     """The embedded default pair's speculative_config (None while no default draft is shipped)."""
     if default_draft_path() is None:
         return None
-    return {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
-            "prompt_lookup_max": DEFAULT_PAIR_PROMPT_LOOKUP_MAX, "prompt_lookup_min": DEFAULT_PAIR_PROMPT_LOOKUP_MIN,
+    return {"method": "suffix", "model": DEFAULT_DRAFT, "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
+            "draft_model_num_speculative_tokens": DEFAULT_PAIR_DRAFT_MODEL_K,
+            "suffix_decoding_max_spec_factor": DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR,
             "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE}
 
 

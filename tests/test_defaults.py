@@ -77,7 +77,7 @@ def test_compose_runs_what_serve_runs(role, monkeypatch):
     if role == "gateway":
         assert {"http_port", "num_speculative_tokens"} <= set(checked)
     if role == "draft":
-        assert {"model", "prompt_lookup_max", "prompt_lookup_min"} <= set(checked)
+        assert {"model", "method", "draft_model_num_speculative_tokens", "suffix_decoding_max_spec_factor"} <= set(checked)
     if role in ("draft", "target"):  # the KV cache pool's knobs, each the code's default unless overridden
         assert {"kv_cache_memory", "block_size", "enable_prefix_caching", "gpu_memory_utilization"} <= set(checked)
 

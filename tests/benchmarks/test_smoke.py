@@ -505,8 +505,8 @@ def test_smoke_quantization(tmp_path):
 # bench_suffix.py: suffix decoding vs the target alone, suffix hybrid, n-gram, the shipped default
 
 
-SUFFIX_SETUPS = ["target alone", "suffix k<=8", "suffix hybrid k<=8 (draft k=1)", "n-gram k=4 (lookup 2-4)",
-                 "shipped default"]
+SUFFIX_SETUPS = ["target alone", "suffix k<=8 factor 4", "shipped default (suffix hybrid)", "n-gram k=4 (lookup 2-4)",
+                 "n-gram hybrid (the default before)"]
 SUFFIX_WORKLOADS = ["agent", "input-grounded", "open prose", "mixed"]
 SUFFIX = Expected(
     "bench_suffix.py", ["setup", "workload", "tokens/s", "speedup", "decode speedup", "tokens/pass", "mean draft", "acceptance",
@@ -526,4 +526,4 @@ def test_smoke_suffix(tmp_path):
     assert len(data["messages"]["agent"]) == 4 and all(m for m in data["messages"]["agent"])
     # every setup answered every request, and the suffix stack drafted somewhere (its own prompts repeat)
     assert len(data["measurements"]) == len(SUFFIX_SETUPS) * sum(len(v) for v in data["messages"].values())
-    assert any(m["drafted"] > 0 for m in data["measurements"] if m["setup"] == "suffix k<=8")
+    assert any(m["drafted"] > 0 for m in data["measurements"] if m["setup"] == "suffix k<=8 factor 4")

@@ -261,9 +261,12 @@ def test_schema_follows_the_code():
     from specdec.config import default_speculative_config
 
     pair = default_speculative_config()
-    assert (values["speculativeConfig"]["prompt_lookup_max"], values["speculativeConfig"]["prompt_lookup_min"]) == (
-        pair["prompt_lookup_max"], pair["prompt_lookup_min"])
-    assert values["speculativeConfig"]["disable_by_batch_size"] == pair["disable_by_batch_size"]
+    for key, value in pair.items():  # the chart's default values are the embedded default pair's
+        if key != "model":  # (empty: draft.model, checked below)
+            assert values["speculativeConfig"][key] == value, key
+    unset = SpeculativeConfig()  # and every other key the code's default
+    for key in set(SpeculativeConfig.valid_keys()) - set(pair) - {"model", "max_model_len", "revision", "quantization"}:
+        assert values["speculativeConfig"][key] == getattr(unset, key), key
     assert (values["target"]["model"], values["draft"]["model"]) == (DEFAULT_TARGET, DEFAULT_DRAFT)
     defaults = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
     assert values["gateway"]["grpcPort"] == defaults["port"]
