@@ -527,3 +527,18 @@ def test_smoke_suffix(tmp_path):
     # every setup answered every request, and the suffix stack drafted somewhere (its own prompts repeat)
     assert len(data["measurements"]) == len(SUFFIX_SETUPS) * sum(len(v) for v in data["messages"].values())
     assert any(m["drafted"] > 0 for m in data["measurements"] if m["setup"] == "suffix k<=8 factor 4")
+
+
+def test_smoke_verify_rows(tmp_path):
+    out = tmp_path / "verify_rows.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_verify_rows.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["k"] for r in data["rows"]] == [0, 1, 2, 4, 8, 15, 16, 24, 31, 32]
+    for r in data["rows"]:
+        assert r["rows"] == r["k"] + 1 and r["invariant ms"] > 0 and r["not invariant ms"] > 0
+    assert data["rows"][0]["invariant x1"] == 1.0
+    assert abs(sum(data["profile"].values()) - 1.0) < 1e-6 and data["profile"]["weights' products"] > 0
+    check_table(proc.stdout, ["k", "rows", "invariant ms", "invariant x1", "not invariant ms", "not invariant x1"],
+                "k", [{"k": str(r["k"])} for r in data["rows"]])
