@@ -14,8 +14,8 @@ from specdec import LLM, SamplingParams
 from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.ngram import NgramIndex, NgramIndexes, NgramStore, NgramWorker
-from specdec.sampling import process_logits
 from tests.broken_samplers import accept_always, rowwise
+from tests.first_token_chi2 import first_token_pvalue, target_first_token
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")
 
@@ -129,31 +129,13 @@ def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_di
     """First emitted token after a prompt whose lookup always matches: with n-gram proposals (no q)
     it follows p under both rules of seeded requests; accepting every proposal instead (the negative
     control, a broken rejection rule) does not."""
-    from specdec.engine.models import load_model
-
-    lm = load_model(str(target_dir), dtype="float32")
-    prompt = list(lm.tokenizer(REPEATING).input_ids)
-    import torch
-
-    with torch.inference_mode():
-        logits = lm.model(input_ids=torch.tensor([prompt])).logits[0, -1]
     params = SamplingParams(temperature=1.0, top_k=8, max_tokens=2)  # 2: the first round may draft 1
-    p = process_logits(logits, params)
-    support = p.nonzero().squeeze(-1).tolist()
+    prompt, p, support = target_first_token(target_dir, REPEATING, params)
     llm = LLM(str(target_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 2}, dtype="float32",
               seeded_sampling=seeded_sampling)
     assert NgramWorker(NgramStore(NgramIndexes(2, 4))).propose("x", prompt, 2, params).draft_token_ids  # the lookup matches
-
-    def first_tokens(n: int) -> list[int]:
-        outs = llm.generate([{"prompt_token_ids": prompt}] * n, [params.clone(seed=s) for s in range(n)])
-        return [o.outputs[0].token_ids[0] for o in outs]
-
-    counts = Counter(first_tokens(600))
-    observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
-    assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) > 1e-3
+    assert first_token_pvalue(llm, prompt, params, p, support, chi2_pvalue) > 1e-3
     if seeded_sampling == "coupled":  # no q, no uniforms: accept_batch sees greedy rows of p / E
         return
     monkeypatch.setattr(specdec.engine.workers, "accept_batch", rowwise(accept_always))
-    counts = Counter(first_tokens(600))
-    observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
-    assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) < 1e-3
+    assert first_token_pvalue(llm, prompt, params, p, support, chi2_pvalue) < 1e-3

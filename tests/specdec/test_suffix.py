@@ -14,9 +14,9 @@ from specdec import LLM, SamplingParams
 from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.history import TokenHistory
-from specdec.sampling import process_logits
 from specdec.suffix import SuffixCache, SuffixSettings
 from tests.broken_samplers import accept_always, rowwise
+from tests.first_token_chi2 import first_token_pvalue, target_first_token
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")
 
@@ -222,35 +222,17 @@ def test_greedy_equals_target_alone_and_the_global_tree_learns(target_dir, good_
 def test_suffix_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch):
     """First emitted token after a prompt whose suffix always matches: with suffix proposals (no q) it
     follows p; accepting every proposal instead (the negative control) does not."""
-    from specdec.engine.models import load_model
-
-    lm = load_model(str(target_dir), dtype="float32")
-    prompt = list(lm.tokenizer(REPEATING).input_ids)
-    import torch
-
-    with torch.inference_mode():
-        logits = lm.model(input_ids=torch.tensor([prompt])).logits[0, -1]
     params = SamplingParams(temperature=1.0, top_k=8, max_tokens=2)
-    p = process_logits(logits, params)
-    support = p.nonzero().squeeze(-1).tolist()
+    prompt, p, support = target_first_token(target_dir, REPEATING, params)
     llm = LLM(str(target_dir), speculative_config={"method": "suffix", "num_speculative_tokens": 2,
                                                    "suffix_decoding_max_cached_requests": 0},
               dtype="float32", seeded_sampling="rejection")
     probe = SuffixCache(SuffixSettings(max_cached_requests=0))()
     probe.sync(prompt)
     assert probe.propose(2), "the prompt's own suffix tree must propose"
-
-    def first_tokens(n: int) -> list[int]:
-        outs = llm.generate([{"prompt_token_ids": prompt}] * n, [params.clone(seed=s) for s in range(n)])
-        return [o.outputs[0].token_ids[0] for o in outs]
-
-    counts = Counter(first_tokens(600))
-    observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
-    assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) > 1e-3
+    assert first_token_pvalue(llm, prompt, params, p, support, chi2_pvalue) > 1e-3
     monkeypatch.setattr(specdec.engine.workers, "accept_batch", rowwise(accept_always))
-    counts = Counter(first_tokens(600))
-    observed = [counts.get(t, 0) for t in support] + [sum(c for t, c in counts.items() if t not in support)]
-    assert chi2_pvalue(observed, [float(p[t]) for t in support] + [0.0]) < 1e-3
+    assert first_token_pvalue(llm, prompt, params, p, support, chi2_pvalue) < 1e-3
 
 
 def test_penalties_and_logprobs_with_suffix_drafts_equal_the_target_alone(target_dir):
