@@ -33,8 +33,8 @@ AUTO_QUANTIZATION = "auto"  # the role's default: int8 for a draft, none for a t
 # The embedded default pair drafts suffix-hybrid: a confident suffix-tree match (the sequence's own history and
 # earlier requests' outputs, specdec.suffix) proposes up to DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS tokens, else the
 # draft model proposes DEFAULT_PAIR_DRAFT_MODEL_K. Measured (benchmarks/bench_suffix.py, served, greedy, fp32,
-# 2 cores avx2): input-grounded 1.99x and open prose 1.13x the target alone, against 1.47x / 1.06x for the
-# n-gram hybrid it replaced (1.35x it on the mixed set, 1.07x on prose), agent traffic 2.55x (1.33x).
+# 2 cores avx2): agent traffic 3.02x, input-grounded 2.20x, open prose 1.11x the target alone, against 1.36x /
+# 1.34x / 1.04x for the n-gram hybrid it replaced (suffix alone: 3.15x / 2.34x / 1.13x in the same run).
 # The model's k: a float32 target pass of 2 tokens costs what one does, the draft agrees ~30% of the time on
 # the next token, so k=1 (benchmarks/bench_default_pair.py). The suffix cap: a batch-invariant target's pass
 # costs one 16-row tile for up to 16 rows (specdec.engine.lean_linear.INVARIANT_TILE_ROWS), so up to 15
