@@ -280,8 +280,10 @@ def test_real_models_lean_logits_equal_transformers(name, dtype):
     assert type(lean.net) is (LeanGemma3Decoder if name == "gemma-3-270m" else LeanDecoder)
     ref = _real_passes(ModelRunner(lm, 4096, role="target", lean_forward=False), ids)
     # measured: fp32 within 1.3e-4 of logits up to ~37; bf16 within 0.41 (2 units in the last place) on AMD EPYC
-    # (avx512_bf16), 0.61 on Intel Xeon with AMX (oneDNN's AMX tiles sum in another order): a few units
-    tol = dict(rtol=1e-4, atol=1e-3) if dtype == "float32" else dict(rtol=0.02, atol=1.0)
+    # (avx512_bf16), 0.61 on Intel Xeon with AMX (oneDNN's AMX tiles sum in another order), 1.09 at 1 of 786k
+    # Gemma logits on AMD EPYC with avx2 only (no bf16 units; the CPU attention kernel sums 8 lanes there): a few
+    # units of bf16 noise, amplified through 18 bf16 layers
+    tol = dict(rtol=1e-4, atol=1e-3) if dtype == "float32" else dict(rtol=0.02, atol=1.5)
     for x, y in zip(ref, _real_passes(lean, ids)):
         torch.testing.assert_close(y, x, **tol)
         if dtype == "float32":
