@@ -40,7 +40,8 @@ from specdec.serving.metrics import HISTORY_RESENDS, gateway_series
 from specdec.serving.batching import BATCH_HINT_KEY
 from specdec.serving.server import channel_options
 from specdec.serving.tls import PLAINTEXT, ChannelSecurity
-from specdec.serving.wire import logprobs_from_proto, probs_from_proto, probs_to_proto, sampling_to_proto
+from specdec.serving.wire import (logprobs_from_proto, mask_to_bytes, probs_from_proto, probs_to_proto,
+                                  sampling_to_proto)
 from specdec.v1 import common_pb2, draft_service_pb2, draft_service_pb2_grpc, target_service_pb2, target_service_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -342,12 +343,14 @@ class RemoteTarget(_RemoteBackend):
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
         sampling = sampling_to_proto(params)
         probs = proposal.wire_probs if isinstance(proposal, RemoteProposal) else probs_to_proto(proposal.draft_probs)
+        mask = mask_to_bytes(proposal.token_bitmask)
 
         def make(start: int, new: list[int]):
             return target_service_pb2.VerifyRequest(
                 sequence_id=sequence_id, start_position=start, new_token_ids=new,
                 draft_token_ids=proposal.draft_token_ids, draft_probs=probs, sampling_params=sampling,
                 logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,  # None: unset, not computed
+                token_bitmask=mask,
             )
 
         began = time.monotonic()

@@ -23,6 +23,7 @@ from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestE
 from specdec.engine.models import load_tokenizer
 from specdec.sampling import SamplingParams
 from specdec.sequence import SequenceState
+from specdec.structured import GrammarCompiler
 from specdec.serving import metrics
 from specdec.serving.metrics import SequenceMetrics, init_gateway_series, set_build_info
 from specdec.serving.tls import channel_security
@@ -73,6 +74,7 @@ class Gateway:
             raise
         self.tokenizer = load_tokenizer(config.tokenizer or self.target_info.model_name)
         self.eos_token_ids = frozenset(self.target_info.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer, self.target_info.vocab_size, self.eos_token_ids)
         same_vocab = self.draft_info and self.draft_info.tokenizer_fingerprint == self.target_info.tokenizer_fingerprint
         # A TLI draft counts its own tokens against its own limit; only a same-vocabulary draft caps the length.
         limits = [self.target_info.max_model_len] + ([self.draft_info.max_model_len] if same_vocab else [])
@@ -222,7 +224,8 @@ class Gateway:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
-        for param, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+        for param, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids),
+                           ("allowed_token_ids", params.allowed_token_ids or [])):
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise InvalidRequestError(f"{param} names token ids {bad[:5]} outside the vocabulary [0, {vocab})",
@@ -234,6 +237,7 @@ class Gateway:
                 f"{self.max_model_len} and the prompt has {len(prompt_token_ids)} tokens, so at most {room} can be "
                 "generated; lower max_tokens or shorten the prompt", param="max_tokens")
         self._check_kv_capacity(len(prompt_token_ids), params.max_tokens)
+        constraint = self.grammars.constraint(params.structured_outputs)  # a 400 for a grammar that cannot compile
         if self.draining:
             raise BackendUnavailableError("this gateway is shutting down (draining its requests in flight); retry: "
                                           "another replica will serve it")
@@ -242,7 +246,7 @@ class Gateway:
         # a sequence never outgrows the smallest KV cache pool: without max_tokens it stops there ("length")
         max_len = min(self.max_model_len, self.kv_capacity or self.max_model_len)
         seq = SequenceState(prompt_token_ids=list(prompt_token_ids), params=params, tokenizer=self.tokenizer,
-                            eos_token_ids=self.eos_token_ids, max_model_len=max_len)
+                            eos_token_ids=self.eos_token_ids, max_model_len=max_len, constraint=constraint)
         # the reservation goes back if the sequence is dropped without being streamed
         seq.admission_ticket = weakref.finalize(seq, self.admission.cancel)
         if request_id:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
 from gateway.config import GatewayConfig, https_settings
@@ -16,6 +18,7 @@ from specdec.serving.tls import server_credentials_from
 from specdec.serving.wire import (UndecodableRequest, lenient_parser, logprobs_to_proto, optional_field,
                                   sampling_from_proto)
 from specdec.sequence import SequenceState
+from specdec.structured import StructuredOutputsParams
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
 
 SPARE_WORKERS = 16  # gRPC workers beyond the admission's running + queued calls (see create_server)
@@ -30,6 +33,25 @@ def _stats(seq: SequenceState) -> common_pb2.SpecDecodeStats:
         num_target_passes=s.num_target_passes, acceptance_rate=s.acceptance_rate,
         mean_acceptance_length=s.mean_acceptance_length,
     )
+
+
+def structured_from_proto(request: pb.GenerateRequest) -> StructuredOutputsParams | None:
+    """GenerateRequest.structured_outputs as the library's params (None: unset)."""
+    if not request.HasField("structured_outputs"):
+        return None
+    so = request.structured_outputs
+    kind = so.WhichOneof("kind")
+    if kind is None:
+        raise InvalidRequestError("structured_outputs needs one of json, regex, choice, grammar, json_object",
+                                  param="structured_outputs")
+    value = list(so.choice.choices) if kind == "choice" else getattr(so, kind)
+    if kind == "json":
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise InvalidRequestError(f"structured_outputs.json is not valid JSON: {exc}",
+                                      param="structured_outputs.json") from None
+    return StructuredOutputsParams(**{kind: value}, disable_any_whitespace=so.disable_any_whitespace)
 
 
 class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
@@ -50,6 +72,7 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
             include_stop_str_in_output=request.include_stop_str_in_output,
             logprobs=optional_field(request, "logprobs"),
             prompt_logprobs=optional_field(request, "prompt_logprobs"),
+            structured_outputs=structured_from_proto(request),
         )
         if request.HasField("max_tokens") and request.max_tokens == 0:
             raise InvalidRequestError("max_tokens must be >= 1 (leave it unset for no limit)", param="max_tokens")

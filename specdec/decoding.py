@@ -41,6 +41,7 @@ def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceSta
         proposal = draft.propose(seq.sequence_id, ahead.history(seq) if ahead is not None else seq.token_ids, k,
                                  seq.params) if k > 0 else Proposal([])
     proposal = proposal.truncated(seq.budget - 1)  # a TLI draft's text can make more target tokens than k
+    proposal = seq.constrain(proposal, k)  # under a grammar: valid drafts, forced text, allowed tokens per row
     if ahead is not None:
         ahead.start(draft, seq, proposal, k)
     result = target.verify(seq.sequence_id, seq.token_ids, proposal, seq.verify_params)
@@ -176,8 +177,9 @@ def group_round(draft: Proposer | None, target: Verifier, seqs: Sequence[Sequenc
                                 seqs[i].params) for i in drafting])
     for i, p in zip(drafting, drafted):
         proposals[i] = p
-    proposals = [Proposal([]) if p is None else p if isinstance(p, BaseException) else p.truncated(s.budget - 1)
-                 for p, s in zip(proposals, seqs)]
+    proposals = [p if isinstance(p, BaseException) else s.constrain(Proposal([]) if p is None
+                                                                    else p.truncated(s.budget - 1), k)
+                 for p, s, k in zip(proposals, seqs, ks)]
     live = [i for i, p in enumerate(proposals) if not isinstance(p, BaseException)]
     for i in live:
         if aheads[i] is not None:

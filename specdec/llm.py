@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,7 @@ from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.proposal import TokenLogprob
 from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
+from specdec.structured import GrammarCompiler
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, output_seed
 
 
@@ -185,6 +187,11 @@ class LLM:
             self._round_costs = calibrate(self._draft_worker, self._target_worker, list(text) or [0],
                                           cfg.num_speculative_tokens)
 
+    @functools.cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Structured outputs' compiler over the target's tokenizer and logits (built on first use)."""
+        return GrammarCompiler(self.target.tokenizer, self.target.vocab_size, self.target.eos_token_ids)
+
     @property
     def token_id_limit(self) -> int:
         """Valid token ids are below this: the tokenizer's size, and both models' embeddings."""
@@ -237,6 +244,7 @@ class LLM:
             tokenizer=self.target.tokenizer,
             eos_token_ids=self.target.eos_token_ids,
             max_model_len=self.max_model_len,
+            constraint=self.grammars.constraint(params.structured_outputs),
         )
 
     def speculating(self, num_unfinished: int) -> bool:

@@ -20,16 +20,21 @@ MAX_NUM_SPECULATIVE_TOKENS = 32  # (suffix decoding drafts up to 32, as vLLM's)
 class Proposal:
     draft_token_ids: list[int]
     draft_probs: "torch.Tensor | None" = None  # [k, vocab] q; None: one-hot (greedy drafting)
+    # [k + 1, words] int32: the tokens a grammar allows at each verified position (specdec.token_mask);
+    # None: unconstrained. Set by the sequence's constraint after drafting (specdec.structured).
+    token_bitmask: "torch.Tensor | None" = None
 
     def truncated(self, n: int) -> "Proposal":
         """The first ``n`` draft tokens (and their q rows)."""
         if len(self.draft_token_ids) <= n:
             return self
-        return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n])
+        return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n],
+                        None if self.token_bitmask is None else self.token_bitmask[:n + 1])
 
     def after(self, n: int) -> "Proposal":
         """The draft tokens after the first ``n`` (and their q rows)."""
-        return Proposal(self.draft_token_ids[n:], None if self.draft_probs is None else self.draft_probs[n:])
+        return Proposal(self.draft_token_ids[n:], None if self.draft_probs is None else self.draft_probs[n:],
+                        None if self.token_bitmask is None else self.token_bitmask[n:])
 
 
 @dataclass

@@ -47,6 +47,13 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     min_tokens: int = 0
+    # min_p (after temperature: tokens below min_p x the top token's probability are dropped) and
+    # allowed_token_ids (every other token masked, before the penalties), as vLLM processes them.
+    min_p: float = 0.0
+    allowed_token_ids: list[int] | None = None
+    # A grammar the output must follow (specdec.structured.StructuredOutputsParams): the sequence turns it
+    # into allowed-token masks per verified position; the services never see it, only the masks.
+    structured_outputs: Any = None
     # Where the prompt ends in the token ids a worker is given: the sequence sets it (not users) when
     # penalties or min_tokens must tell generated tokens from the prompt's.
     num_prompt_tokens: int | None = None
@@ -106,6 +113,13 @@ class SamplingParams:
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0 or (
                 self.max_tokens is not None and self.min_tokens > self.max_tokens):
             raise bad("min_tokens", f"must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        if not number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", f"must be a number in [0, 1] (0: off), got {self.min_p!r}")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if (not isinstance(ids, list) or not ids
+                    or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids)):
+                raise bad("allowed_token_ids", f"must be a non-empty list of token ids (integers >= 0), got {ids!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LOGPROBS):
@@ -120,7 +134,7 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         """Whether anything beyond temperature / top-k / top-p processes the logits."""
-        return self.needs_history or bool(self.logit_bias)
+        return self.needs_history or bool(self.logit_bias) or self.allowed_token_ids is not None
 
     @property
     def couples(self) -> bool:
@@ -236,6 +250,10 @@ def _bias_and_min_tokens(logits: torch.Tensor, params: SamplingParams, ctx: Pena
     in place on ``logits`` [m, vocab]."""
     m, vocab = logits.shape
     device = logits.device
+    if params.allowed_token_ids is not None:  # first: every other token is out (vLLM's allowed_token_ids)
+        keep = torch.zeros(vocab, dtype=torch.bool, device=device)
+        keep[torch.tensor([t for t in params.allowed_token_ids if t < vocab], dtype=torch.long, device=device)] = True
+        logits.masked_fill_(~keep, float("-inf"))
     if params.logit_bias:
         ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long, device=device)
         vals = torch.tensor([float(v) for t, v in params.logit_bias.items() if t < vocab], device=device)
@@ -440,6 +458,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, ctx: PenaltyCon
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature
     vocab = logits.shape[-1]
+    if params.min_p > 0.0:  # after temperature, before top-k/top-p (vLLM's order)
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     if params.top_k not in (0, -1) and params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.history import TokenHistory
-from specdec.proposal import TokenLogprob, VerifyResult
+from specdec.proposal import Proposal, TokenLogprob, VerifyResult
 from specdec.sampling import SamplingParams, SpecDecodeStats
 
 
@@ -66,6 +66,8 @@ class SequenceState:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    # the request's grammar state (specdec.structured.Constraint; None: unconstrained), advanced by append
+    constraint: Any = None
 
     def __post_init__(self) -> None:
         # Only ever appended to (``append``): readers that kept a mark of it compare only what is new
@@ -112,6 +114,14 @@ class SequenceState:
             self.prompt_logprobs = [None, *result.prompt_logprobs]
         self._pending_logprobs = list(result.logprobs or [])
 
+    def constrain(self, proposal: Proposal, k: int) -> Proposal:
+        """This round's proposal under the request's grammar (unchanged without one): drafts checked, forced
+        text proposed when drafting (k > 0), and the allowed tokens of every verified position."""
+        if self.constraint is None:
+            return proposal
+        limit = self.budget - 1 if k > 0 else 0
+        return self.constraint.constrain(proposal, limit, min(k, limit))
+
     def append(self, token_id: int) -> str:
         """Append one generated token; return the text that became final (may be empty).
 
@@ -121,6 +131,8 @@ class SequenceState:
         assert not self.finished, "append after finish"
         self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
+        if self.constraint is not None:
+            self.constraint.accept(token_id)
         if self.logprobs is not None and self._pending_logprobs:
             self.logprobs.append(self._pending_logprobs.pop(0))
         if not self.params.ignore_eos and token_id in self.eos_token_ids:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from specdec import token_mask
 from specdec.errors import ConfigError
 from specdec.proposal import Proposal
 from specdec.seeding import SEEDED_SAMPLING
@@ -14,6 +15,7 @@ from specdec.serving.grpc_errors import map_errors
 from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
 from specdec.serving.wire import logprobs_to_proto, optional_field, probs_from_proto, sampling_from_proto
 from specdec.v1 import target_service_pb2, target_service_pb2_grpc
+
 from specdec.engine.workers import VerifyCall
 from target_service.config import TargetServiceConfig
 
@@ -32,7 +34,8 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
         probs = probs_from_proto(request.draft_probs, len(draft), self.backend.lm.vocab_size)
         params = sampling_from_proto(request.sampling_params, logprobs=optional_field(request, "logprobs"),
                                      prompt_logprobs=optional_field(request, "prompt_logprobs"))
-        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs), params)
+        mask = token_mask.from_bytes(request.token_bitmask, len(draft) + 1, self.backend.lm.vocab_size)
+        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs, mask), params)
         result = self.backend.verify(call, timeout=time_remaining(context), hint=batch_hint_of(context))
         response = target_service_pb2.VerifyResponse(
             num_accepted_tokens=result.num_accepted_tokens,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gateway.openai.structured import structured_from_request
 from specdec.errors import InvalidRequestError as SpecDecInvalid, SpecDecError, openai_error_body
 from specdec.sampling import MAX_LOGPROBS, SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
@@ -96,6 +97,8 @@ class OpenAIRequest(RequestBody):
     min_tokens: int = Field(default=0, ge=0)  # extension (vLLM's)
     stop_token_ids: list[int] | None = None  # extension (vLLM's)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # extension (vLLM's)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension (vLLM's)
+    allowed_token_ids: list[int] | None = None  # extension (vLLM's)
 
     def num_logprobs(self) -> int | None:
         """Top logprobs per generated token (None: no logprobs)."""
@@ -104,13 +107,17 @@ class OpenAIRequest(RequestBody):
     def num_prompt_logprobs(self) -> int | None:
         return self.prompt_logprobs
 
-    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int | None, tool_grammar: Any = None) -> SamplingParams:
+        """The request's sampling; its grammar from response_format / structured_outputs / guided_* (or the
+        tools' ``tool_grammar``), compiled by the gateway when the sequence is made."""
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
                               max_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos,
                               logprobs=self.num_logprobs(), prompt_logprobs=self.num_prompt_logprobs(),
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, logit_bias=self.token_logit_bias(),
-                              min_tokens=self.min_tokens, stop_token_ids=self.stop_token_ids)
+                              min_tokens=self.min_tokens, stop_token_ids=self.stop_token_ids, min_p=self.min_p,
+                              allowed_token_ids=self.allowed_token_ids,
+                              structured_outputs=structured_from_request(self.model_extra or {}, tool_grammar))
 
     def token_logit_bias(self) -> dict[int, float] | None:
         """logit_bias with integer token ids (OpenAI sends them as JSON object keys: strings)."""
@@ -148,6 +155,8 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatCompletionRequest(OpenAIRequest):

@@ -24,6 +24,9 @@ class OpenAIServingCompletion(OpenAIServing):
         """The response body (a dict), or an SSE stream when ``stream`` is set. Each prompt has n
         outputs, in order: output i belongs to prompt i // n."""
         self.check_request(body)
+        for name in ("tools", "tool_choice"):
+            if (body.model_extra or {}).get(name) not in (None, [], "none"):
+                raise InvalidRequestError(f"{name} are for /v1/chat/completions", param=name)
         prompt_only = body.max_tokens == 0  # echo scoring the prompt: one token is generated, then dropped
         if prompt_only and not body.echo:
             raise InvalidRequestError("max_tokens must be at least 1; 0 is only for echo=true (scoring the prompt)",

@@ -14,12 +14,9 @@ from specdec.sequence import SequenceState
 # Parameters OpenAI or vLLM define that this server does not implement: set to anything but their
 # "off" value, they are a 400 naming them (rather than silently ignored). Unknown names are ignored.
 UNSUPPORTED = {
-    "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
-    "function_call": (None, "none", "auto"), "audio": (None,), "prediction": (None,), "modalities": (None, ["text"]),
-    "use_beam_search": (None, False), "min_p": (None, 0, 0.0),
-    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "structured_outputs": (None,), "logits_processors": (None,), "allowed_token_ids": (None,),
-    "bad_words": (None, []), "truncate_prompt_tokens": (None,), "web_search_options": (None,),
+    "suffix": (None, ""), "audio": (None,), "prediction": (None,), "modalities": (None, ["text"]),
+    "use_beam_search": (None, False), "logits_processors": (None,), "bad_words": (None, []),
+    "truncate_prompt_tokens": (None,), "web_search_options": (None,), "guided_decoding_backend": (None, "xgrammar"),
 }
 
 
@@ -37,10 +34,6 @@ class OpenAIServing:
         for name, off in UNSUPPORTED.items():
             if (body.model_extra or {}).get(name) not in off:
                 raise InvalidRequestError(f"{name} is not supported by this server; leave it unset", param=name)
-        fmt = body.model_extra.get("response_format") if body.model_extra else None
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            raise InvalidRequestError("response_format: only {\"type\": \"text\"} is supported (no JSON mode or "
-                                      "schemas)", param="response_format")
         self.gateway.resolve_k(body.num_speculative_tokens)  # a bad k is a 400 before any stream starts
         check_request_limits(n=body.n, max_n=self.gateway.config.max_n, stop=body.stop,
                              stop_token_ids=body.stop_token_ids, logit_bias=body.logit_bias)  # the one table

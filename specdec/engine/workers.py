@@ -17,6 +17,7 @@ from kernels.dispatch import accept_batch, resolve
 from specdec.rejection import RaggedBatch, race_scores
 from specdec.engine.runner import UNFINISHED, ModelRunner, _Sequence
 from specdec.engine.scoring import RowLogits, materialize
+from specdec.token_mask import apply_token_bitmask
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
 
@@ -247,6 +248,7 @@ class TargetWorker:
         """logits: per call [k + 1, vocab] — the target after each draft prefix. → (accepted, next token) per call."""
         greedy, targets = [], []
         for lg, c in zip(logits, calls):
+            lg = apply_token_bitmask(lg, c.proposal.token_bitmask)  # a grammar's allowed tokens, before the rest
             # penalties: row i follows the history + drafts[:i] (the drafts before it count as generated)
             ctx = penalty_context(c.params, c.token_ids, self.runner.lm.eos_token_ids, c.proposal.draft_token_ids)
             # greedy rows need only the argmax: their (penalised) logits go in; sampled rows go in as p (processed)

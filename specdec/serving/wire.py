@@ -26,18 +26,21 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **extra) -> SamplingPara
                          repetition_penalty=float(pen.repetition_penalty) if pen.repetition_penalty > 0 else 1.0,
                          logit_bias={int(t): float(v) for t, v in pen.logit_bias.items()} or None,
                          min_tokens=int(pen.min_tokens), stop_token_ids=list(pen.stop_token_ids),
-                         ignore_eos=bool(pen.ignore_eos), num_prompt_tokens=optional_field(pen, "num_prompt_tokens"))
+                         ignore_eos=bool(pen.ignore_eos), num_prompt_tokens=optional_field(pen, "num_prompt_tokens"),
+                         allowed_token_ids=list(pen.allowed_token_ids) or None)
     return SamplingParams(
         temperature=float(msg.temperature),
         top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
         top_k=int(msg.top_k),
+        min_p=float(msg.min_p),
         seed=seed,
         **{"max_tokens": None, **penalties, **extra},  # the services never count max_tokens: the gateway does
     )
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
-    msg = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+    msg = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                    min_p=params.min_p)
     if params.seed is not None:
         msg.seed = params.seed
     if params.has_penalties:
@@ -45,7 +48,8 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
             presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
             repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias or {},
             min_tokens=params.min_tokens, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
-            num_prompt_tokens=params.num_prompt_tokens))  # None: unset
+            num_prompt_tokens=params.num_prompt_tokens,  # None: unset
+            allowed_token_ids=params.allowed_token_ids or []))
     return msg
 
 
@@ -57,6 +61,12 @@ def probs_to_proto(probs) -> list[common_pb2.TokenDistribution]:
 def probs_from_proto(rows: Iterable[common_pb2.TokenDistribution], k: int, vocab_size: int):
     """The rows back to a [k, vocab_size] tensor (None: no rows, one-hot drafts)."""
     return sparse_probs.from_rows(((row.token_ids, row.probs) for row in rows), k, vocab_size)
+
+
+def mask_to_bytes(bitmask) -> bytes:
+    """A proposal's allowed-token rows ([rows, words] int32 tensor; None: none) as VerifyRequest.token_bitmask
+    (``specdec.token_mask`` reads them back)."""
+    return b"" if bitmask is None else bitmask.numpy().astype("<i4").tobytes()
 
 
 def model_info_to_proto(info: dict) -> common_pb2.ModelInfo:

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("sequence_id", "start_position", "new_token_ids", "draft_token_ids", "draft_probs", "sampling_params", "logprobs", "prompt_logprobs")
+    __slots__ = ("sequence_id", "start_position", "new_token_ids", "draft_token_ids", "draft_probs", "sampling_params", "logprobs", "prompt_logprobs", "token_bitmask")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class VerifyRequest(_message.Message):
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BITMASK_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     start_position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -25,7 +26,8 @@ class VerifyRequest(_message.Message):
     sampling_params: _common_pb2.SamplingParams
     logprobs: int
     prompt_logprobs: int
-    def __init__(self, sequence_id: _Optional[str] = ..., start_position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+    token_bitmask: bytes
+    def __init__(self, sequence_id: _Optional[str] = ..., start_position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., token_bitmask: _Optional[bytes] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("num_accepted_tokens", "bonus_token_id", "recovered_token_id", "sequence_length", "logprobs", "prompt_logprobs")
