@@ -79,6 +79,11 @@ class StructuredOutputsParams:
         return self.kind, value, self.disable_any_whitespace
 
 
+# The longest run of whitespace a JSON schema's output may hold between tokens (xgrammar's max_whitespace_cnt):
+# room for any pretty-printing, while a model stuck emitting whitespace (a known failure of free JSON
+# whitespace) cannot run to max_tokens. vLLM leaves it unbounded.
+MAX_JSON_WHITESPACE = 16
+
 _ENGINE_PREFIX = re.compile(r"^\[[0-9:]+\] [^ ]+: (Check failed: \(.*?\) is false: )?")
 
 
@@ -116,9 +121,12 @@ class GrammarCompiler:
         try:
             if kind == "json":
                 schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
-                return compiler.compile_json_schema(schema, any_whitespace=not spec.disable_any_whitespace)
-            if kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
+                return compiler.compile_json_schema(schema, any_whitespace=not spec.disable_any_whitespace,
+                                                    max_whitespace_cnt=MAX_JSON_WHITESPACE)
+            if kind == "json_object":  # OpenAI's JSON mode: an object (not any JSON value), any properties
+                return compiler.compile_json_schema('{"type": "object"}', strict_mode=False,
+                                                    any_whitespace=not spec.disable_any_whitespace,
+                                                    max_whitespace_cnt=MAX_JSON_WHITESPACE)
             if kind == "regex":
                 return compiler.compile_regex(spec.regex)
             if kind == "choice":
