@@ -177,6 +177,10 @@ class Constraint:
     def terminated(self) -> bool:
         return self.matcher.is_terminated()
 
+    def next_mask(self):
+        """The allowed-token row of the next position ([1, words] int32)."""
+        return self.constrain(Proposal([]), 0, 0).token_bitmask
+
     def forced_tokens(self, limit: int) -> list[int]:
         """The tokens of the string the grammar forces next (xgrammar's jump-forward), at most ``limit``."""
         if limit <= 0 or self.matcher.is_terminated():

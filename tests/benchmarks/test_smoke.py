@@ -542,3 +542,20 @@ def test_smoke_verify_rows(tmp_path):
     assert abs(sum(data["profile"].values()) - 1.0) < 1e-6 and data["profile"]["weights' products"] > 0
     check_table(proc.stdout, ["k", "rows", "invariant ms", "invariant x1", "not invariant ms", "not invariant x1"],
                 "k", [{"k": str(r["k"])} for r in data["rows"]])
+
+
+# bench_structured.py: schema-constrained JSON, the shipped default vs the target alone; the openai client's parse
+
+
+def test_smoke_structured(tmp_path):
+    out = tmp_path / "structured.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_structured.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["setup"] for r in data["rows"]] == ["target alone", "shipped default (suffix hybrid)"]
+    assert all(r["identical"] for r in data["rows"]) and data["rows"][0]["speedup"] == 1.0
+    assert 0.0 <= data["rows"][0]["forced share"] <= 1.0 and data["parse"]["requests"] == 2
+    assert len(data["measurements"]) == 2 * len(data["tasks"])
+    check_table(proc.stdout, ["setup", "tokens/s", "speedup", "tokens/pass", "mean draft", "acceptance", "forced share",
+                              "identical", "finished"], "setup", [{"setup": r["setup"]} for r in data["rows"]])
