@@ -16,7 +16,8 @@ this one), greedy:
 (b) validity: ``--parse-requests`` (200) sampled requests (temperature 0.8, seeds) through
     ``client.beta.chat.completions.parse`` against the default stack: half a pydantic ``response_format``, half
     a strict function tool (``openai.pydantic_function_tool``, tool_choice naming it); each parsed object
-    must validate (a reply cut by max_tokens counts as a failure).
+    must validate (a reply cut by ``--parse-max-tokens`` counts as a failure). Every string of the models
+    has a maximum length, as an agent's schema would: a small model sampling free text may not stop.
 
 Goal (issue 31): (a) >= 1.5x the target alone on this CPU; (b) 100% valid.
 
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import grpc
 
@@ -155,7 +156,7 @@ def parse_run(base_url: str, model: str, n: int, max_tokens: int) -> dict:
     class Event(BaseModel):
         title: str = Field(max_length=60)
         date: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
-        attendees: list[str] = Field(max_length=6)
+        attendees: list[Annotated[str, Field(max_length=30)]] = Field(max_length=6)
 
     class GetWeather(BaseModel):
         city: str = Field(max_length=40)
@@ -196,7 +197,8 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=len(TASKS), help="extraction requests of (a), at most %(default)s")
     ap.add_argument("--repeats", type=int, default=1, help="times (a) is run (the suffix tree learns on repeats)")
     ap.add_argument("--parse-requests", type=int, default=200, help="requests of (b)")
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--max-tokens", type=int, default=160, help="per request of (a)")
+    ap.add_argument("--parse-max-tokens", type=int, default=256, help="per request of (b)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of each served stack (0: all cores)")
     ap.add_argument("--in-process", action="store_true", help="all stacks in this process (default with --smoke)")
     add_common_args(ap)
@@ -211,6 +213,7 @@ def main() -> int:
         models = smoke_models(tmp.name)
         args.target, args.draft = models.target, models.draft
         args.tasks, args.parse_requests, args.max_tokens, args.threads, args.in_process = 2, 2, 24, 1, True
+        args.parse_max_tokens = 24
     fmt = chat_formatter(args.target, True)
     tasks = TASKS[:args.tasks] * args.repeats
     prompts = [fmt(task_message(text, schema)) for text, schema in tasks]
@@ -238,7 +241,7 @@ def main() -> int:
                 runs[(label, i)] = generate(stubs[label], prompt, tasks[i][1], args.max_tokens)
         measured_s = time.perf_counter() - measure_start
         parse = parse_run(f"http://127.0.0.1:{ports[labels[1]][1]}", args.target, args.parse_requests,
-                          args.max_tokens)
+                          args.parse_max_tokens)
     cpu["load_average_end"] = list(os.getloadavg())
     rows = []
     base = None

@@ -120,6 +120,13 @@ class SamplingParams:
             if (not isinstance(ids, list) or not ids
                     or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids)):
                 raise bad("allowed_token_ids", f"must be a non-empty list of token ids (integers >= 0), got {ids!r}")
+        if self.structured_outputs is not None:
+            # the grammar decides which tokens may come (and where the output ends): either of these could
+            # leave a position with no token allowed
+            for name in ("min_tokens", "allowed_token_ids"):
+                if getattr(self, name):
+                    raise bad(name, "cannot be combined with structured outputs (the grammar decides which tokens "
+                                    "may come and where the output ends); leave it unset")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LOGPROBS):

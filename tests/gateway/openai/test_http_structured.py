@@ -168,6 +168,7 @@ def test_tool_results_go_back_into_the_conversation(client, model):
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"allowed_token_ids": [10 ** 7]}, "allowed_token_ids", "outside the vocabulary"),
     ({"min_p": 2}, "min_p", None),
+    ({"guided_regex": "a+", "min_tokens": 3}, "min_tokens", "cannot be combined"),
 ])
 def test_bad_constraints_are_400_naming_the_field(raw, model, body, param, words):
     r = raw.post("/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 4, **body})
