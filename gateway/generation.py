@@ -301,6 +301,10 @@ class Gateway:
             rounds.close()
             seq_metrics.closed()
             self.admission.finish(size)
+            if seq.constraint is not None:
+                stats = seq.constraint.stats
+                metrics.structured_output_finished(self.served_model_name, seq.params.structured_outputs.kind,
+                                                   stats.num_forced_tokens, stats.num_invalid_drafts)
 
     def _start(self, seq: SequenceState):
         """Turn the sequence's reservation (taken by new_sequence) into a running slot, once its prompt fits

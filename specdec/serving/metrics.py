@@ -68,6 +68,15 @@ REQUESTS_REFUSED = Counter("specdec_requests_refused", "Sequences the admission 
                            "(--max-queue-time-seconds), kv_cache (no room in the KV cache within that time).",
                            (*LABELS, "reason"))
 REFUSE_REASONS = ("queue_full", "queue_timeout", "kv_cache")
+STRUCTURED_REQUESTS = Counter("specdec_structured_output_requests", "Sequences generated under a grammar (structured "
+                              "outputs and tool calls), by kind: json, json_object, regex, choice, grammar.",
+                              (*LABELS, "kind"))
+STRUCTURED_FORCED_TOKENS = Counter("specdec_structured_output_forced_tokens", "Tokens of text the grammar forced, "
+                                   "proposed without drafting (jump-forward) and verified with the round.", LABELS)
+STRUCTURED_INVALID_DRAFTS = Counter("specdec_structured_output_invalid_draft_tokens", "Draft tokens the grammar "
+                                    "forbade (each sent on as a certain rejection; the drafts after it dropped).",
+                                    LABELS)
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 REQUEST_ERRORS = Counter("specdec_request_errors", "Requests that ended in an error, by protocol and status "
                          "(HTTP status or gRPC code name).", (*LABELS, "protocol", "code"))
 
@@ -222,6 +231,10 @@ def init_gateway_series(model_name: str) -> None:
         REQUESTS_REFUSED.labels(*labels, reason)
     DRAFT_BREAKER_STATE.labels(*labels).set(0)
     TARGET_AVAILABLE.labels(*labels).set(1)
+    for kind in STRUCTURED_KINDS:
+        STRUCTURED_REQUESTS.labels(*labels, kind)
+    STRUCTURED_FORCED_TOKENS.labels(*labels)
+    STRUCTURED_INVALID_DRAFTS.labels(*labels)
 
 
 class GatewaySeries:
@@ -340,6 +353,14 @@ def target_available(model_name: str, up: bool) -> None:
 
 def request_refused(model_name: str, reason: str) -> None:
     REQUESTS_REFUSED.labels("gateway", model_name, reason).inc()
+
+
+def structured_output_finished(model_name: str, kind: str, forced_tokens: int, invalid_drafts: int) -> None:
+    """A sequence under a grammar ended: its kind, and what the grammar did to its rounds."""
+    labels = ("gateway", model_name)
+    STRUCTURED_REQUESTS.labels(*labels, kind).inc()
+    STRUCTURED_FORCED_TOKENS.labels(*labels).inc(forced_tokens)
+    STRUCTURED_INVALID_DRAFTS.labels(*labels).inc(invalid_drafts)
 
 
 def request_error(model_name: str, protocol: str, code: str | int) -> None:

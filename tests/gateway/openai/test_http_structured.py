@@ -179,6 +179,22 @@ def test_bad_constraints_are_400_naming_the_field(raw, model, body, param, words
     assert ok.status_code == 200  # and the server goes on serving
 
 
+def test_metrics_count_structured_requests(raw, client, model):
+    def sample(name: str, **labels) -> float:
+        for line in raw.get("/metrics").text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"{name} {labels} not on /metrics")
+
+    before = sample("specdec_structured_output_requests_total", service="gateway", kind="regex")
+    forced = sample("specdec_structured_output_forced_tokens_total", service="gateway")
+    client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=12, temperature=0,
+                              extra_body={"structured_outputs": {"regex": "fixed prefix [a-z]+"}})
+    assert sample("specdec_structured_output_requests_total", service="gateway", kind="regex") == before + 1
+    assert sample("specdec_structured_output_forced_tokens_total", service="gateway") > forced  # "fixed prefix "
+    sample("specdec_structured_output_invalid_draft_tokens_total", service="gateway")
+
+
 def test_completions_refuse_tools(client, model):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=model, prompt="hi", max_tokens=2, extra_body={"tools": [WEATHER]})
