@@ -3,7 +3,8 @@
 Request bodies take OpenAI's fields; unknown fields are accepted and ignored, as OpenAI does (the known
 ones this server does not implement are refused: ``serving_engine.UNSUPPORTED``). A few extensions are
 vLLM's (``top_k``, ``ignore_eos``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
-``prompt_logprobs``) or ours (``num_speculative_tokens``: a per-request k).
+``prompt_logprobs``, ``min_p``, ``allowed_token_ids``, ``structured_outputs`` and the ``guided_*`` names: see
+``gateway.openai.structured``) or ours (``num_speculative_tokens``: a per-request k).
 Every domain error's status and body come from the one table, ``specdec.errors.openai_error_body``.
 """
 
