@@ -559,3 +559,15 @@ def test_smoke_structured(tmp_path):
     assert len(data["measurements"]) == 2 * len(data["tasks"])
     check_table(proc.stdout, ["setup", "tokens/s", "speedup", "tokens/pass", "mean draft", "acceptance", "forced share",
                               "identical", "finished"], "setup", [{"setup": r["setup"]} for r in data["rows"]])
+
+
+def test_smoke_grammar_engines(tmp_path):
+    out = tmp_path / "engines.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_grammar_engines.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["engine"] for r in data["rows"]] == ["xgrammar", "llguidance"]
+    assert all(r["accepted"] and r["mask us median"] > 0 for r in data["rows"]) and data["tokens"] > 20
+    check_table(proc.stdout, ["engine", "tokenizer s", "compile ms", "mask us median", "mask us p90", "mask us max",
+                              "accepted"], "engine", [{"engine": r["engine"]} for r in data["rows"]])
