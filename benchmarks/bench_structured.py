@@ -143,6 +143,21 @@ def grammar_costs(target: str, runs: list[dict], schemas: list[dict], k: int = 1
             "mask_bytes_per_round": 4 * words * (k + 1)}
 
 
+def scrape(http_port: int) -> dict:
+    """The gateway's structured-output and drafting counters (summed over labels) from its /metrics."""
+    import urllib.request
+
+    names = ("specdec_structured_output_forced_tokens_total", "specdec_structured_output_invalid_draft_tokens_total",
+             "specdec_spec_decode_num_draft_tokens_total")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=30).read().decode()
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out and 'service="gateway"' in line:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def parse_run(base_url: str, model: str, n: int, max_tokens: int) -> dict:
     """``n`` sampled ``parse`` calls (pydantic response formats and strict tools); how many validated."""
     import openai
@@ -240,6 +255,7 @@ def main() -> int:
             for label in order:
                 runs[(label, i)] = generate(stubs[label], prompt, tasks[i][1], args.max_tokens)
         measured_s = time.perf_counter() - measure_start
+        served = scrape(ports[labels[1]][1])  # the default stack's grammar counters after (a)
         parse = parse_run(f"http://127.0.0.1:{ports[labels[1]][1]}", args.target, args.parse_requests,
                           args.parse_max_tokens)
     cpu["load_average_end"] = list(os.getloadavg())
@@ -267,6 +283,10 @@ def main() -> int:
     print_table(rows, COLUMNS)
     print(f"\ngrammar work per round (k=15 drafts, replayed): constrain {costs['constrain_ms_median']:.2f} ms median, "
           f"{costs['constrain_ms_p90']:.2f} ms p90; {costs['mask_bytes_per_round'] / 1024:.0f} KiB of mask rows")
+    drafted = served["specdec_spec_decode_num_draft_tokens_total"]
+    print(f"the default's drafts in (a): {drafted:.0f} tokens proposed, of which "
+          f"{served['specdec_structured_output_forced_tokens_total']:.0f} forced text (jump-forward) and "
+          f"{served['specdec_structured_output_invalid_draft_tokens_total']:.0f} forbidden by the grammar")
     print(f"parse (openai client, pydantic formats and strict tools, sampled): {parse['valid']}/{parse['requests']} "
           f"valid in {parse['seconds']:.0f} s")
     goals = {f"shipped default >= {GOAL}x the target alone ({rows[1]['speedup']:.2f}x)": rows[1]["speedup"] >= GOAL}
@@ -275,7 +295,7 @@ def main() -> int:
     if args.smoke:  # random weights need not close their JSON: only that the script runs and agrees
         checks = {k: v for k, v in checks.items() if k.startswith("every output")}
     write_json(out_path, {"smoke": args.smoke, "target": args.target, "draft": args.draft, "dtype": args.dtype,
-                          "max_tokens": args.max_tokens, "cpu": cpu, "setups": specs, "rows": rows, "parse": parse, "grammar_costs": costs,
+                          "max_tokens": args.max_tokens, "cpu": cpu, "setups": specs, "rows": rows, "parse": parse, "grammar_costs": costs, "served_counters": served,
                           "goals": goals, "checks": checks, "measured_seconds": measured_s,
                           "tasks": [{"text": t, "schema": s} for t, s in tasks],
                           "measurements": [{"setup": label, "request": i, "tokens": len(r["token_ids"]),
