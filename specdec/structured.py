@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.errors import InvalidRequestError
+from specdec.lark_grammar import LarkConversionError, is_likely_lark, lark_to_ebnf
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -37,7 +38,8 @@ KINDS = ("json", "regex", "choice", "grammar", "json_object")
 @dataclass
 class StructuredOutputsParams:
     """vLLM's ``StructuredOutputsParams``: exactly one of ``json`` (a JSON schema, dict or string),
-    ``regex``, ``choice`` (a list of strings), ``grammar`` (EBNF/GBNF, root rule ``root``) or
+    ``regex``, ``choice`` (a list of strings), ``grammar`` (EBNF/GBNF with a ``root`` rule, or Lark with a
+    ``start`` rule: ``specdec.lark_grammar``) or
     ``json_object`` (any JSON object). ``disable_any_whitespace``: JSON without free whitespace."""
 
     json: dict | str | None = None
@@ -132,10 +134,16 @@ class GrammarCompiler:
             if kind == "choice":
                 return compiler.compile_grammar("root ::= " + " | ".join(
                     json.dumps(c, ensure_ascii=False) for c in spec.choice))
+            if is_likely_lark(spec.grammar):  # as vLLM's xgrammar backend: Lark converted to EBNF
+                try:
+                    return compiler.compile_grammar(lark_to_ebnf(spec.grammar))
+                except LarkConversionError as exc:
+                    raise InvalidRequestError(f"the Lark grammar in {param} cannot be converted: {exc}",
+                                              param=param) from None
             return compiler.compile_grammar(spec.grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
-            what = {"json": "JSON schema", "regex": "regular expression", "grammar": "grammar (EBNF, with a "
-                    "'root' rule)", "choice": "choice list", "json_object": "JSON grammar"}[kind]
+            what = {"json": "JSON schema", "regex": "regular expression", "grammar": "grammar (EBNF with a 'root' "
+                    "rule, or Lark with a 'start' rule)", "choice": "choice list", "json_object": "JSON grammar"}[kind]
             raise InvalidRequestError(f"the {what} in {param} cannot be compiled: {_engine_message(exc)}",
                                       param=param) from None
 

@@ -73,6 +73,28 @@ def test_params_are_checked(spec, message):
         StructuredOutputsParams(**spec)
 
 
+def test_lark_grammars_are_converted_and_bad_ones_named(grammars, tokenizer):
+    from specdec.lark_grammar import lark_to_ebnf
+
+    json_lark = """
+?start: value
+?value: dict | list | ESCAPED_STRING | SIGNED_NUMBER -> number | "true" | "false" | "null"
+list : "[" [value ("," value)*] "]"
+dict : "{" [pair ("," pair)*] "}"   // pairs
+pair : ESCAPED_STRING ":" value
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+"""
+    assert lark_to_ebnf(json_lark).splitlines()[0] == "root ::= start"
+    c = grammars.constraint(StructuredOutputsParams(grammar=json_lark))
+    for t in tokenizer.encode('{"a":[1,true,null],"b":{"c":-2.5e3}}', add_special_tokens=False):
+        assert c.accept(t)
+    for bad, words in [("start: x\n%ignore WS", "%ignore is not supported"), ("value: 'a'", "needs a 'start' rule"),
+                       ("start: /(?=a)b/", "lookarounds")]:
+        with pytest.raises(InvalidRequestError, match=words):
+            grammars.compile(StructuredOutputsParams(grammar=bad))
+
+
 def test_constrain_keeps_valid_drafts_cuts_after_the_first_invalid_and_rolls_back(grammars, tokenizer):
     c = grammars.constraint(StructuredOutputsParams(regex="(abc|abd)[0-9]+"))
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
@@ -109,7 +131,9 @@ def test_forced_text_is_proposed_unless_the_drafts_start_with_it(grammars, token
 def _check(spec: StructuredOutputsParams, text: str, finish: str) -> None:
     if finish != "stop":
         return
-    if spec.regex is not None:
+    if spec.grammar is not None:
+        assert re.fullmatch(r"\((?:[a-zA-Z]+|[0-9]+)(?:,(?:[a-zA-Z]+|[0-9]+))*\)", text), text
+    elif spec.regex is not None:
         assert re.fullmatch(spec.regex, text), text
     elif spec.choice is not None:
         assert text in spec.choice
@@ -121,7 +145,9 @@ def _check(spec: StructuredOutputsParams, text: str, finish: str) -> None:
 
 SPECS = [StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True), StructuredOutputsParams(regex=r"[a-e]{2,6}-[0-9]{1,3}"),
          StructuredOutputsParams(choice=["alpha", "beta gamma", "delta"]), StructuredOutputsParams(json_object=True),
-         StructuredOutputsParams(grammar='root ::= "(" item ("," item)* ")"\nitem ::= [a-z]+ | [0-9]+')]
+         StructuredOutputsParams(grammar='root ::= "(" item ("," item)* ")"\nitem ::= [a-z]+ | [0-9]+'),
+         StructuredOutputsParams(grammar='start: "(" item ("," item)* ")"\n?item: WORD | NUM  // Lark\n'
+                                         'NUM: /\\d{1,3}/\n%import common.WORD')]
 
 
 @pytest.mark.parametrize("method", ["draft_model", "suffix-hybrid"])
