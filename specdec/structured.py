@@ -1,7 +1,7 @@
 """Structured outputs: a request's grammar (JSON schema, JSON, regex, choice, EBNF) as allowed-token masks.
 
 The grammar engine is xgrammar (vLLM's default backend): per-token masks in ~5 us median on a 2-vCPU
-EPYC (llguidance ~34 us on the same JSON schema, ``benchmarks/bench_structured.py``), rollback, and
+EPYC (llguidance ~43 us on the same JSON schemas, ``benchmarks/bench_grammar_engines.py``), rollback, and
 jump-forward strings. One ``GrammarCompiler`` per tokenizer (its compile cache is shared by requests);
 one ``Constraint`` per sequence, owned by the sequence's loop:
 
@@ -70,15 +70,6 @@ class StructuredOutputsParams:
     @property
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
-
-    def key(self) -> tuple:
-        """Hashable identity (the compile cache's key)."""
-        value = getattr(self, self.kind)
-        if isinstance(value, dict):
-            value = json.dumps(value, sort_keys=True)
-        elif isinstance(value, list):
-            value = tuple(value)
-        return self.kind, value, self.disable_any_whitespace
 
 
 # The longest run of whitespace a JSON schema's output may hold between tokens (xgrammar's max_whitespace_cnt):

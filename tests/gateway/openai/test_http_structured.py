@@ -120,20 +120,23 @@ def test_named_tool_choice_streams_name_then_arguments(client, model):
 
 def test_required_tool_choice_calls_one_of_the_tools(client, model):
     for stream in (False, True):
-        kwargs = dict(model=model, messages=CHAT, tools=[WEATHER, TIME], max_tokens=60, temperature=0,
-                      tool_choice="required")
+        kwargs = dict(model=model, messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER, TIME],
+                      max_tokens=70, temperature=0, tool_choice="required")
         if stream:
             deltas = [c.choices[0] for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
             calls = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
             finish = deltas[-1].finish_reason
             names = [c.function.name for c in calls]
             arguments = [c.function.arguments for c in calls]
+            content = "".join(d.delta.content or "" for d in deltas)
         else:
             choice = client.chat.completions.create(**kwargs).choices[0]
             finish = choice.finish_reason
+            content = choice.message.content or ""
             names = [c.function.name for c in choice.message.tool_calls or []]
             arguments = [c.function.arguments for c in choice.message.tool_calls or []]
-        if finish == "length":  # a random model may not close its array within max_tokens
+        if finish == "length":  # a random model may not close its array: the held reply comes back as text
+            assert not names and re.match(r"\s*\[\s*\{\s*\"name\"", content), content
             continue
         assert finish == "tool_calls" and names and set(names) <= {"get_weather", "get_time"}
         for name, args in zip(names, arguments):
