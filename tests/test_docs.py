@@ -1,5 +1,10 @@
-"""The README's code runs: every fenced ``bash`` / ``sh`` / ``console`` / ``python`` block carries a marker in
-the HTML comment just above it, and the test does what the marker says:
+"""The README and the docs site (docs/, mkdocs.yml) cannot drift from the code.
+
+The site builds with ``mkdocs build --strict`` (a broken link, anchor or nav entry fails; a negative control
+shows a broken link does), the README stays short and its links resolve, the metrics reference and the
+speculative-config table name everything the code has. And every fenced ``bash`` / ``sh`` / ``console`` /
+``python`` block of the README and of every page carries a marker in the HTML comment just above it, and the
+test does what the marker says:
 
 * ``run``: executed. Python clients and ``specdec bench`` run against a tiny served stack this test starts
   (``localhost:8000`` / ``localhost:50050`` are rewritten to its ports; ``SPECDEC_BENCH_BASE_URL`` points
@@ -10,7 +15,7 @@ the HTML comment just above it, and the test does what the marker says:
   and pass ``bash -n``, ``helm install --set`` keys exist in the chart's values.
 * ``fragment``: a Python excerpt, compiled.
 
-A block without a marker, or a command the test does not know, fails: the README cannot drift from the CLI.
+A block without a marker, or a command the test does not know, fails: the docs cannot drift from the CLI.
 """
 
 from __future__ import annotations
@@ -23,23 +28,27 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.requirements import missing
+from tests.requirements import missing, require_package
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 LANGS = {"bash", "sh", "console", "python"}
-MARKER = re.compile(r"<!--\s*readme-test:\s*(run|parse|fragment)(\s+slow)?\b(.*?)-->")
-SERVED_AS = "smollm2-135m"  # the model name the README's clients send
+MARKER = re.compile(r"<!--\s*doc-test:\s*(run|parse|fragment)(\s+slow)?\b(.*?)-->")
+SERVED_AS = "smollm2-135m"  # the model name the snippets' clients send
 
 
 @dataclass
 class Block:
+    page: str  # the file, relative to the repository
     line: int  # 1-based line of the opening fence
     lang: str
     kind: str
@@ -48,11 +57,11 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}-{self.lang}-{self.kind}"
+        return f"{self.page}:{self.line}-{self.lang}-{self.kind}"
 
 
-def blocks() -> list[Block]:
-    found, lines = [], README.read_text().splitlines()
+def blocks(path: Path) -> list[Block]:
+    found, lines, page = [], path.read_text().splitlines(), str(path.relative_to(ROOT))
     i = 0
     while i < len(lines):
         fence = re.match(r"^```(\w*)\s*$", lines[i])
@@ -64,13 +73,13 @@ def blocks() -> list[Block]:
         if lang in LANGS:
             above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
             m = MARKER.search(above)
-            assert m, f"README.md:{i + 1}: a ```{lang} block without a <!-- readme-test: run|parse|fragment --> marker"
-            found.append(Block(i + 1, lang, m.group(1), bool(m.group(2)), "\n".join(lines[i + 1:end]) + "\n"))
+            assert m, f"{page}:{i + 1}: a ```{lang} block without a <!-- doc-test: run|parse|fragment --> marker"
+            found.append(Block(page, i + 1, lang, m.group(1), bool(m.group(2)), "\n".join(lines[i + 1:end]) + "\n"))
         i = end + 1
     return found
 
 
-BLOCKS = blocks()
+BLOCKS = [b for page in PAGES for b in blocks(page)]
 
 
 def _param(block: Block):
@@ -105,20 +114,99 @@ def commands(code: str) -> list[list[str]]:
 
 
 def test_the_two_setup_commands_come_first():
-    first = BLOCKS[0]
+    first = next(b for b in BLOCKS if b.page == "README.md")
     assert [" ".join(c) for c in commands(first.code)] == ["bash scripts/serve.sh", "bash scripts/test.sh"]
     assert "CI=1 bash scripts/test.sh" in first.code
     serve_sh = (ROOT / "scripts/serve.sh").read_text()
     assert "bash scripts/install.sh" in serve_sh and 'exec specdec serve "$@"' in serve_sh
     assert "bash scripts/install.sh" in (ROOT / "scripts/test.sh").read_text()
+    start = (DOCS / "getting-started.md").read_text()
+    assert "python3 -m venv" in start and "scripts/install.sh" in start
+
+
+def test_the_readme_is_short_and_its_links_resolve():
     text = README.read_text()
-    assert "python3 -m venv" in text and "scripts/install.sh" in text
+    assert len(text.splitlines()) < 200, "the README is a front page: details go to docs/"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert "docs/index.md" in local and len(local) >= 10, local
+    broken = [link for link in local if not (ROOT / link).exists()]
+    assert not broken, f"README links to missing files: {broken}"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for link in local:
+        if link.startswith("docs/") and link.endswith(".md"):
+            assert link[len("docs/"):] in nav, f"{link} is not in mkdocs.yml's nav"
 
 
 def test_every_block_is_tested():
     assert BLOCKS and {b.kind for b in BLOCKS} == {"run", "parse", "fragment"}
     assert not [b.id for b in BLOCKS if b.lang == "python" and b.kind == "parse"], "python blocks run or compile"
-    assert "path/to/" not in README.read_text(), "a placeholder path: use the shipped models"
+    for page in PAGES:
+        assert "path/to/" not in page.read_text(), f"{page}: a placeholder path: use the shipped models"
+
+
+# -- the site builds strictly ------------------------------------------------------------------------
+
+
+def _mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    require_package("mkdocs", "pip install -e '.[docs]' (also in the test extra)")
+    require_package("material", "pip install mkdocs-material (the docs extra)")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
+                           "--site-dir", str(site)], cwd=config.parent, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_site_builds_strictly(tmp_path):
+    result = _mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    page = (tmp_path / "site" / "observability" / "metrics" / "index.html").read_text()
+    from specdec.serving.metrics_reference import metric_docs
+
+    names = [m.name for m in metric_docs()]
+    assert len(names) > 30 and all(name in page for name in names), "the metrics reference misses a series"
+    assert "<!-- metrics-reference -->" not in page, "the hook did not fill the reference in"
+    for html in ("index.html", "getting-started/index.html", "performance/index.html"):
+        assert (tmp_path / "site" / html).is_file(), html
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    """The negative control of the strict build: the same site with one dead link and one dead anchor."""
+    copy = tmp_path / "repo"
+    shutil.copytree(DOCS, copy / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    (copy / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "mkdocs_hooks.py", copy / "scripts")
+    page = copy / "docs" / "offline.md"
+    page.write_text(page.read_text() + "\nSee [nowhere](no-such-page.md) and [there](exactness.md#no-such-anchor).\n")
+    result = _mkdocs_build(copy / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode != 0
+    assert "no-such-page.md" in result.stdout + result.stderr
+
+
+def test_every_page_is_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in DOCS.rglob("*.md"):
+        assert str(page.relative_to(DOCS)) in nav, f"{page} is not in mkdocs.yml's nav"
+
+
+def test_the_speculative_config_table_names_every_key():
+    from dataclasses import fields
+
+    from specdec.config import SUPPORTED_METHODS, SpeculativeConfig
+
+    text = (DOCS / "speculative" / "index.md").read_text()
+    for f in fields(SpeculativeConfig):
+        assert f"`{f.name}`" in text, f"docs/speculative/index.md does not describe the key {f.name!r}"
+    for method in SUPPORTED_METHODS:
+        assert f"`{method}`" in text, method
+
+
+def test_the_extras_the_docs_name_exist():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for page in PAGES:
+        for name in re.findall(r"\.\[(\w+)\]", page.read_text()):
+            assert name in extras, f"{page.name} names the extra [{name}], which pyproject.toml does not have"
 
 
 # -- parse: the commands are ones the CLI takes ---------------------------------------------------
@@ -156,8 +244,26 @@ def check_command(cmd: list[str], monkeypatch) -> None:
         subprocess.run(["bash", "-n", str(script)], check=True)
     elif cmd[:3] == ["python3", "-m", "venv"] or head in (".", "source"):
         pass  # making and entering a virtual environment
+    elif head == "docker-compose":
+        assert cmd[1] in ("up", "ps", "down", "logs", "config") and (ROOT / "docker-compose.yml").is_file(), cmd
     elif cmd[:2] == ["docker", "build"]:
         assert (ROOT / "Dockerfile").is_file() and cmd[-1] == "."
+    elif head == "mkdocs":
+        assert cmd[1] in ("serve", "build") and (ROOT / "mkdocs.yml").is_file(), cmd
+    elif cmd[:4] == ["python", "-m", "pip", "install"]:
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        for spec in cmd[4:]:
+            m = re.fullmatch(r"(?:-e\s*)?\.\[(\w+)\]|-e", spec)
+            assert m, f"pip install {spec}: only this checkout's extras"
+            assert m.group(1) is None or m.group(1) in extras, spec
+    elif head == "python" and cmd[1].startswith("benchmarks/"):
+        script = ROOT / cmd[1]
+        assert script.is_file(), cmd
+        known = script.read_text() + (ROOT / "benchmarks" / "common.py").read_text()
+        for flag in (a.split("=", 1)[0] for a in cmd[2:] if a.startswith("--")):
+            assert f'"{flag}"' in known, f"{cmd[1]} takes no {flag}"
+    elif head == "curl":
+        assert any(a.startswith("http://localhost:8000/") for a in cmd), cmd
     elif cmd[:2] == ["docker", "push"] or cmd[:2] == ["helm", "test"] or head == "kubectl":
         pass  # a registry, a cluster
     elif cmd[:2] == ["helm", "install"]:
@@ -166,7 +272,7 @@ def check_command(cmd: list[str], monkeypatch) -> None:
             if flag == "--set":
                 _check_helm_set(value)
     else:
-        pytest.fail(f"the README runs `{shlex.join(cmd)}`, which this test does not know how to check")
+        pytest.fail(f"the docs run `{shlex.join(cmd)}`, which this test does not know how to check")
 
 
 @pytest.mark.parametrize("block", _of("parse"))
@@ -241,6 +347,7 @@ def test_run_blocks(block: Block, request, tmp_path, shell_env, monkeypatch):
     assert result.returncode == 0, f"{block.id} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     if "specdec bench" in block.code:
         assert "Output token throughput" in result.stdout and "Acceptance rate" in result.stdout
+    if "result.json" in block.code:
         rate = result.stdout.strip().splitlines()[-1].split()
         assert float(rate[0]) > 0 and 0 <= float(rate[1]) <= 1, result.stdout
     if "openssl" in block.code:
