@@ -7,8 +7,10 @@ A model is named by one of:
   * a hub id (``org/name``) that is already in the local Hugging Face cache (or downloadable, where
     the user has a hub).
 
-GGUF weights are dequantized once and cached as a normal safetensors folder under
-``$SPECDEC_CACHE`` (default ``~/.cache/specdec``), so later loads take about a second.
+GGUF weights are dequantized once (about a minute, logged stage by stage) and cached as a normal
+safetensors folder under ``$SPECDEC_CACHE/models`` (default ``~/.cache/specdec``), so later loads take
+about a second. The folder is named by the GGUF's content, the dtype written and ``CONVERTER_VERSION``,
+not by where the file lies: a reinstall (another venv, another path) reuses it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,54 +175,147 @@ SHIPPED_MODELS: dict[str, Path] = {"smollm2-135m-draft": _shipped_draft("smollm2
 # GGUF -> cached safetensors folder
 
 
-def _gguf_cache_dir(gguf_path: Path) -> Path:
-    st = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
-    return cache_root() / "models" / f"{gguf_path.stem}-{key}"
+# The dtype a conversion writes, and the converter's version: bump CONVERTER_VERSION whenever the folder a
+# conversion writes changes (other weights, other files), so that older conversions are not reused.
+CONVERSION_DTYPE = "float32"
+CONVERTER_VERSION = 2
+_DIGEST_INDEX = ".gguf-digests.json"  # under cache_root()/models: resolved path -> size, mtime_ns, sha256
+
+
+def gguf_digest(gguf_path: str | Path) -> str:
+    """sha256 of a GGUF file's bytes. Hashing 100-250 MB costs about a second, so the digest is memoised
+    in a small JSON index under the cache, keyed by resolved path and checked against size + mtime_ns."""
+    path = Path(gguf_path).resolve()
+    st = path.stat()
+    index_path = cache_root() / "models" / _DIGEST_INDEX
+    index = _read_json(index_path)
+    entry = index.get(str(path))
+    if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns \
+            and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    started = time.perf_counter()
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
+    logger.debug("sha256 of %s (%.0f MiB) in %.1f s", path, st.st_size / 2**20, time.perf_counter() - started)
+    index = _read_json(index_path)  # another process may have added entries meanwhile
+    index = {k: v for k, v in index.items() if Path(k).exists()}  # forget files that are gone
+    index[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+    try:
+        _write_json_atomic(index_path, index)
+    except OSError as exc:  # a read-only cache still converts; it only hashes again next time
+        logger.warning("could not save the GGUF digest index %s: %s", index_path, exc)
+    return digest
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def gguf_cache_key(gguf_path: str | Path) -> dict[str, Any]:
+    """What a converted folder depends on: the GGUF's bytes, the dtype written, the converter's version
+    (not where the file lies: a reinstall elsewhere finds the same folder)."""
+    return {"sha256": gguf_digest(gguf_path), "dtype": CONVERSION_DTYPE, "converter_version": CONVERTER_VERSION}
+
+
+def _gguf_cache_dir(gguf_path: str | Path, key: dict[str, Any] | None = None) -> Path:
+    """``$SPECDEC_CACHE/models/<gguf stem>-<16 hex digits of the key>``."""
+    key = gguf_cache_key(gguf_path) if key is None else key
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "models" / f"{Path(gguf_path).stem}-{digest}"
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").exists() and (folder / ".complete").exists()
 
 
 def materialize_gguf(gguf_path: str | Path) -> Path:
-    """Dequantize a GGUF file once into a Hugging Face folder; return the folder."""
-    from tqdm.auto import tqdm
+    """Dequantize a GGUF file once into a Hugging Face folder under the cache; return the folder. A complete
+    folder for the same bytes, dtype and converter version is reused, wherever the file was installed."""
+    gguf_path = Path(gguf_path)
+    key = gguf_cache_key(gguf_path)
+    out = _gguf_cache_dir(gguf_path, key)
+    if _is_complete(out):
+        logger.info("using cached conversion of %s: %s", gguf_path.name, out,
+                    extra={"gguf": gguf_path.name, "cache_dir": str(out)})
+        return out
+    started = time.perf_counter()
+
+    def stage(percent: int, what: str) -> None:
+        logger.info("converting %s: %d%% %s", gguf_path.name, percent, what,
+                    extra={"gguf": gguf_path.name, "percent": percent, "stage": what})
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        _convert_gguf(gguf_path, tmp, stage)
+        (tmp / ".complete").write_text(json.dumps({**key, "source": str(gguf_path)}, indent=1))
+        out = _publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when it became the folder
+    seconds = time.perf_counter() - started
+    logger.info("converting %s: 100%% done in %.1f s -> %s", gguf_path.name, seconds, out,
+                extra={"gguf": gguf_path.name, "percent": 100, "stage": "done", "seconds": round(seconds, 3),
+                       "cache_dir": str(out)})
+    return out
+
+
+def _publish(tmp: Path, out: Path) -> Path:
+    """Rename the finished ``tmp`` to ``out`` (atomic); where another process finished first, keep theirs."""
+    if _is_complete(out):
+        return out
+    if out.exists():  # a broken folder (no .complete) from an older version: replace it
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not _is_complete(out):  # not a concurrent conversion that won the race
+            raise
+    return out
+
+
+def _convert_gguf(gguf_path: Path, folder: Path, stage: Callable[[int, str], None]) -> None:
+    """Write the GGUF's tokenizer and its weights (dequantized to CONVERSION_DTYPE) into ``folder``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf_path = Path(gguf_path)
-    out = _gguf_cache_dir(gguf_path)
-    if (out / "config.json").exists() and (out / ".complete").exists():
-        return out
-    steps = ["read tokenizer", "dequantize weights", "write safetensors"]
-    with tqdm(total=len(steps), desc=f"caching {gguf_path.name}", unit="step") as bar:
-        bar.set_postfix_str(steps[0])
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        bar.update(1)
-        bar.set_postfix_str(steps[1])
-        with model_construction():
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-            )
-        bar.update(1)
-        bar.set_postfix_str(steps[2])
-        config = model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        # A GGUF-loaded model refuses save_pretrained: rebuild a plain one from the same weights.
-        with model_construction():
-            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
-        missing = [m for m in missing if not m.endswith("lm_head.weight")]
-        if missing or unexpected:
-            raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
-        plain.generation_config = model.generation_config
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / ".complete").write_text(json.dumps({"source": str(gguf_path)}))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-        bar.update(1)
-    return out
+    dtype = DTYPES[CONVERSION_DTYPE]
+    stage(0, "reading tokenizer")
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    stage(33, "dequantizing weights")
+    with model_construction():
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=dtype)
+    stage(67, "writing safetensors")
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    # A GGUF-loaded model refuses save_pretrained: rebuild a plain one from the same weights.
+    with model_construction():
+        plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    missing = [m for m in missing if not m.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(folder)
+    tok.save_pretrained(folder)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class Backend:
         self.tli = None
         self.lm: LoadedModel | None = None
         self.ready = threading.Event()
+        self._load_started = time.monotonic()  # load() restarts it: the ready line's load_seconds
         self.load_error: Exception | None = None  # why load() failed, for callers (never retried)
         self._stop = threading.Event()
         self.batch_sizes: list[int] = []  # observed batch sizes (bounded), for tests and metrics
@@ -140,6 +141,7 @@ class Backend:
     # -- lifecycle -----------------------------------------------------------------------------------
     def load(self) -> None:
         cfg = self.config
+        self._load_started = time.monotonic()
         if self.model_free:  # the token histories draft: nothing to load
             self.max_model_len = cfg.max_model_len or NGRAM_MAX_MODEL_LEN
             self.runner = NgramStore(self.lookup, max_sequences=cfg.max_sequences, max_model_len=self.max_model_len)
@@ -147,6 +149,8 @@ class Backend:
             self._start(self.worker.propose_batch)
             return
         check_kv_settings(cfg)
+        logger.info("%s loading %s (dtype %s, device %s) ...", self.role, cfg.model, cfg.dtype, cfg.device,
+                    extra={"role": self.role, "model": cfg.model, "dtype": cfg.dtype, "device": cfg.device})
         self.lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision)
         if self._stop.is_set():  # the service was stopped while the model loaded
             return
@@ -193,18 +197,31 @@ class Backend:
                        method=self.info()["method"] or self.draft_sample_method)
         threading.Thread(target=self._evict_loop, name=f"{self.role}-evict", daemon=True).start()
         self.ready.set()
+        self._log_ready()
+
+    def _log_ready(self) -> None:
+        """One line: ready, how long loading and warming up took, what was loaded and the memory it holds
+        (fields for ``--log-format json``: role, model, load_seconds, weights_bytes, resident_bytes ...)."""
+        seconds = time.monotonic() - self._load_started
+        resident = resident_bytes()
+        fields = {"role": self.role, "load_seconds": round(seconds, 3), "resident_bytes": resident}
         if self.lm is None:
-            logger.info("draft backend ready: %s drafting, no model (%s)", self.model_free, self.lookup.describe())
+            logger.info("draft backend ready in %.1f s: %s drafting, no model (%s); resident %.0f MiB", seconds,
+                        self.model_free, self.lookup.describe(), resident / 2**20,
+                        extra={**fields, "model": self.model_free})
             return
+        cfg = self.config
         runtime = "transformers forward" if self.runner.net is self.lm.model else "lean forward"
         if self.runner.vocab_subset is not None:
             runtime += f", draft vocabulary of {len(self.runner.vocab_subset)} ids"
-        logger.info("%s backend ready: %s (%s, vocab %d, max_model_len %d; %s)", self.role, cfg.model,
-                    dtype_name(self.lm.dtype), self.lm.vocab_size, self.max_model_len, runtime)
         weights = self.runner.weight_bytes()
         self.metrics.model_weights(weights)
-        logger.info("%s memory at start-up: weights %.0f MiB, resident %.0f MiB", self.role, weights / 2**20,
-                    resident_bytes() / 2**20)
+        logger.info("%s backend ready in %.1f s: %s (%s, vocab %d, max_model_len %d; %s); memory at start-up: "
+                    "weights %.0f MiB, resident %.0f MiB", self.role, seconds, cfg.model, dtype_name(self.lm.dtype),
+                    self.lm.vocab_size, self.max_model_len, runtime, weights / 2**20, resident / 2**20,
+                    extra={**fields, "model": cfg.model, "dtype": dtype_name(self.lm.dtype),
+                           "device": str(self.lm.device), "vocab_size": self.lm.vocab_size,
+                           "max_model_len": self.max_model_len, "runtime": runtime, "weights_bytes": weights})
 
     def _tli_adapter(self):
         """A TLI adapter when the target's tokenizer is given and differs from the draft's."""

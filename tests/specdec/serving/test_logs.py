@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -57,3 +59,78 @@ def test_a_process_without_a_terminal_logs_json_and_no_progress_bars(tmp_path):
     assert "\r" not in text and "\x1b[A" not in text and "loading" not in text
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     assert {"message": "hello world", "k": 1}.items() <= lines[-1].items()
+
+
+def test_tqdm_imported_before_the_logging_set_up_stays_quiet(tmp_path):
+    """Every entry point imports tqdm (through transformers) before it configures logging, and tqdm reads
+    TQDM_DISABLE only when imported: the bars of a library that uses tqdm directly (transformers' GGUF
+    dequantization) must stay out of the log anyway; a caller's explicit ``disable=False`` still wins."""
+    code = (
+        "import io\n"
+        "from tqdm.auto import tqdm\n"
+        "import huggingface_hub\n"
+        "from specdec.serving.logs import configure_logging\n"
+        "configure_logging('INFO', 'json')\n"
+        "configure_logging('INFO', 'json')\n"  # twice: no double wrapping
+        "for _ in tqdm(range(3), desc='dequantizing'): pass\n"
+        "from huggingface_hub.utils import are_progress_bars_disabled\n"
+        "assert are_progress_bars_disabled()\n"
+        "shown = io.StringIO()\n"
+        "for _ in tqdm(range(3), desc='forced', file=shown, disable=False): pass\n"
+        "assert 'forced' in shown.getvalue()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    with open(tmp_path / "err.log", "w") as err:
+        subprocess.run([sys.executable, "-c", code], stderr=err, check=True, env=env, timeout=120)
+    text = (tmp_path / "err.log").read_text()
+    assert "\r" not in text and "\x1b[A" not in text and "dequantizing" not in text
+
+
+def test_a_service_started_without_a_terminal_logs_one_json_object_per_line(target_dir):
+    """`specdec --log-format json target-service` with stderr to a pipe: every stderr line is a JSON object
+    (no progress-bar redraws), with one loading line and one ready line carrying the load time and the
+    resident memory as fields."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from tests.service_processes import HOST, ROOT, free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "SPECDEC_LOG_FORMAT")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec.entrypoints.cli", "--log-format", "json", "target-service", "--host", HOST,
+         "--port", str(port), "--num-threads", "1", "--dtype", "float32", "--model", str(target_dir)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            give_up = time.monotonic() + 180
+            while proc.poll() is None and time.monotonic() < give_up:
+                try:
+                    if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
+                            health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.decode()
+    assert "\r" not in text and "\x1b[" not in text, text
+    lines = [json.loads(line) for line in text.splitlines()]  # every line is a JSON object
+    assert all(isinstance(line, dict) and {"time", "level", "logger", "message"} <= line.keys() for line in lines)
+    loading = [line for line in lines if line["message"].startswith("target loading ")]
+    ready = [line for line in lines if line["message"].startswith("target backend ready in ")]
+    assert len(loading) == 1 and len(ready) == 1, text
+    assert {"role": "target", "model": str(target_dir), "dtype": "float32", "device": "cpu"}.items() \
+        <= loading[0].items()
+    ready = ready[0]
+    assert ready["role"] == "target" and ready["model"] == str(target_dir)
+    assert 0 < ready["load_seconds"] < 180 and ready["resident_bytes"] > ready["weights_bytes"] > 0
+    assert "memory at start-up: weights" in ready["message"]
