@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -150,12 +152,87 @@ def report_checks(checks: dict[str, bool], goals: dict[str, bool] | None = None,
 
 
 def write_json(path: str | Path, payload: dict) -> None:
+    """The JSON result, and beside it (same stem) a PNG of what it holds that plots well: see :func:`plot_panels`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"machine": {"platform": platform.platform(), "threads": torch.get_num_threads(),
                            "torch": torch.__version__}, **payload}
     path.write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {path}")
+    write_plot(path.with_suffix(".png"), payload)
+
+
+# --------------------------------------------------------------------------------------------------
+# plots (specdec.plots): found by the result's shape, so every script gets its PNG from write_json alone
+
+
+def plot_panels(payload: dict) -> list[tuple[str, object]]:
+    """The panels a result's PNG shows: tokens/s vs concurrency where its rows sweep ``streams``, acceptance per
+    draft position where it holds speculation stats with ``accepted_per_position``. None: no PNG."""
+    panels: list[tuple[str, object]] = []
+    sweep = sweep_rows(payload.get("rows") or [])
+    if sweep:
+        panels.append(("throughput", sweep))
+    rates = position_rates(payload)
+    if rates:
+        panels.append(("acceptance", rates))
+    return panels
+
+
+def sweep_rows(rows: list) -> list[dict]:
+    """Rows over two or more ``streams`` levels as ``{"setup", "streams", "tokens/s"}``: a line per setup (the
+    row's text columns: setup, dtype, mode...) and per throughput column (``tokens/s``, ``on tok/s``...)."""
+    rows = [r for r in rows if isinstance(r, dict) and isinstance(r.get("streams"), int)]
+    if len({r["streams"] for r in rows}) < 2:
+        return []
+    out = []
+    for r in rows:
+        name = " ".join(v for v in r.values() if isinstance(v, str))
+        columns = [c for c, v in r.items() if c.endswith(("tokens/s", "tok/s")) and isinstance(v, (int, float))]
+        out += [{"setup": name if len(columns) == 1 else f"{name}, {c}", "streams": r["streams"], "tokens/s": r[c]}
+                for c in columns]
+    return out
+
+
+def position_rates(payload: dict, limit: int = 8) -> dict[str, list[float]]:
+    """Acceptance rate per draft position of each speculation stats dict in the payload (``SpecDecodeStats.as_dict()``
+    with drafts: ``spec_stats``, ``details[setup]["spec_stats"]``...), labelled by the keys leading to it."""
+    from specdec.plots import per_position_rates
+
+    found: dict[str, list[float]] = {}
+
+    def walk(node: dict, keys: list[str]) -> None:
+        if node.get("accepted_per_position") and node.get("num_drafts"):
+            found[" / ".join(keys) or "specdec"] = per_position_rates(node["accepted_per_position"], node["num_drafts"])
+            return
+        for key, value in node.items():
+            if isinstance(value, dict) and len(found) < limit:
+                walk(value, keys if key in ("spec_stats", "details") else [*keys, str(key)])
+
+    walk(payload, [])
+    return found
+
+
+def write_plot(path: Path, payload: dict) -> Path | None:
+    """Draw :func:`plot_panels` into ``path``; without matplotlib (or on any plotting error) a warning, no PNG."""
+    panels = plot_panels(payload)
+    if not panels:
+        return None
+    from specdec import plots
+
+    title = f"benchmarks/{Path(sys.argv[0]).name}"
+    if isinstance(payload.get("target"), str):
+        title += f", target {Path(payload['target']).name}"
+    if payload.get("smoke"):
+        title += " (--smoke: tiny random-weight models, not a measurement)"
+    cpu = payload["cpu"] if isinstance(payload.get("cpu"), dict) and "model" in payload["cpu"] else cpu_info()
+    try:
+        plots.save_figure(path, panels, title=title, caption=plots.machine_caption(cpu, torch.__version__))
+    except Exception as exc:  # noqa: BLE001 -- PlotsUnavailable's message says how to install matplotlib
+        logging.getLogger(__name__).warning("no plot written (%s: %s)", type(exc).__name__, exc)
+        return None
+    print(f"wrote {path}")
+    return path
 
 
 class plain_linears:

@@ -6,7 +6,9 @@ Requests stream (SSE) with ``stream_options.include_usage``; arrivals follow a P
 (requests/s, output tokens/s), TTFT, TPOT, ITL (between a stream's chunks: a round's accepted tokens
 arrive together) and end-to-end latency percentiles, and speculation: the deltas of the gateway's
 ``/metrics`` counters ``specdec_spec_decode_*`` over the run, or else the sum of the responses'
-``usage.spec_decode``. Standard library only (no torch): it runs anywhere the ``specdec`` CLI does.
+``usage.spec_decode``, with the acceptance rate at each draft position. ``--out`` writes the JSON result and,
+beside it, a PNG of the latency percentiles and the acceptance per position (matplotlib: ``specdec[bench]``).
+Standard library only (no torch): it runs anywhere the ``specdec`` CLI does.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import logging
 import math
 import random
 import sys
@@ -21,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,7 +42,9 @@ DATASETS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "mixed": ("drafting.json", ("input_grounded", "open_ended"), "chat"),  # every other prompt of each
 }
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+PER_POS = "num_accepted_tokens_per_pos"  # usage.spec_decode's list; /metrics' counter with a position label
 PERCENTILES = (50, 90, 99)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +76,8 @@ class BenchConfig:
     progress: bool = field(default=True, metadata={"help": "a progress bar on stderr"})
     json: bool = field(default=False, metadata={"help": "print the result as one JSON object instead of a table"})
     out: str | None = field(default=None, metadata={"help": "also write the JSON result to this file"})
+    plot: bool = field(default=True, metadata={"help": "with --out, also write a PNG beside it (same stem): latency "
+                                                       "percentiles, acceptance per draft position"})
 
 
 @dataclass
@@ -195,6 +203,17 @@ def spec_counters(metrics_text: str) -> dict[str, float]:
     return totals
 
 
+def accepted_per_pos(metrics_text: str) -> list[float]:
+    """``specdec_spec_decode_num_accepted_tokens_per_pos_total`` of a /metrics page, summed over its other labels,
+    by position (0-based)."""
+    totals: dict[int, float] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith(f"specdec_spec_decode_{PER_POS}_total{{") and 'position="' in line:
+            pos = int(line.split('position="', 1)[1].split('"', 1)[0])
+            totals[pos] = totals.get(pos, 0.0) + float(line.rsplit(" ", 1)[1])
+    return [totals.get(i, 0.0) for i in range(max(totals) + 1)] if totals else []
+
+
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
     """mean and p50/p90/p99 (linear interpolation), in ms by default; zeros when there are none."""
     out = {"mean": 0.0, **{f"p{q}": 0.0 for q in PERCENTILES}}
@@ -210,11 +229,17 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
     return out
 
 
-def _acceptance(counts: dict[str, float], source: str) -> dict[str, Any]:
+def _acceptance(counts: dict[str, float], per_pos: list[float], source: str) -> dict[str, Any]:
     drafts, drafted, accepted = (counts[n] for n in SPEC_COUNTERS)
     return {"source": source, **{n: int(counts[n]) for n in SPEC_COUNTERS},
             "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else None}
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+            PER_POS: [int(a) for a in per_pos],  # accepted at each draft position; over num_drafts, its rate:
+            "acceptance_rate_per_pos": [a / drafts for a in per_pos] if drafts else []}
+
+
+def _sum_lists(lists: list[list[float]]) -> list[float]:
+    return [sum(column) for column in zip_longest(*lists, fillvalue=0)]
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -264,9 +289,10 @@ def _run_grpc(cfg: BenchConfig, client: Client, prompts: list[str]) -> dict[str,
 def _load(cfg: BenchConfig, client: Client, model: str, endpoint: str, prompts: list[str], send) -> dict[str, Any]:
     """Send ``cfg.num_prompts`` requests (``send(prompt) -> RequestResult``) on the arrival schedule."""
 
-    def scrape() -> dict[str, float] | None:
+    def scrape() -> dict[str, Any] | None:
         try:
-            return spec_counters(client.get("/metrics")) if cfg.metrics else None
+            text = client.get("/metrics") if cfg.metrics else None
+            return None if text is None else {**spec_counters(text), PER_POS: accepted_per_pos(text)}
         except (OSError, RuntimeError, http.client.HTTPException):
             return None
 
@@ -308,10 +334,12 @@ def summarize(cfg: BenchConfig, model: str, endpoint: str, results: list[Request
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens for r in ok)
     if before is not None and after is not None:
-        acceptance = _acceptance({n: after[n] - before[n] for n in SPEC_COUNTERS}, "metrics")
+        per_pos = [a - b for a, b in zip_longest(after.get(PER_POS, []), before.get(PER_POS, []), fillvalue=0.0)]
+        acceptance = _acceptance({n: after[n] - before[n] for n in SPEC_COUNTERS}, per_pos, "metrics")
     else:
         usage = [r.spec_decode for r in ok if r.spec_decode]
-        acceptance = _acceptance({n: sum(u.get(n, 0) for u in usage) for n in SPEC_COUNTERS}, "usage")
+        acceptance = _acceptance({n: sum(u.get(n, 0) for u in usage) for n in SPEC_COUNTERS},
+                                 _sum_lists([u.get(PER_POS) or [] for u in usage]), "usage")
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     return {
         "config": {**{k: v for k, v in asdict(cfg).items() if k != "api_key"}, "model": model, "endpoint": endpoint,
@@ -368,6 +396,7 @@ def format_result(result: dict[str, Any]) -> str:
              ("Accepted tokens", spec["num_accepted_tokens"]),
              ("Acceptance rate", "-" if rate is None else f"{rate:.3f}"),
              ("Mean acceptance length", "-" if length is None else f"{length:.2f}")]
+    rows += [(f"Acceptance rate, position {i}", f"{r:.3f}") for i, r in enumerate(spec["acceptance_rate_per_pos"], 1)]
     lines = ["{:=^60}".format(" Serving Benchmark Result ")]
     lines += [f"{name:<44}{value:>16}" if value != "" else "{:-^60}".format(f" {name.strip('- ')} ")
               for name, value in rows]
@@ -387,5 +416,19 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(result, indent=2)
     if cfg.out:
         Path(cfg.out).write_text(text + "\n")
+        if cfg.plot:
+            write_plot(result, Path(cfg.out).with_suffix(".png"))
     print(text if cfg.json else format_result(result))
     return 0 if result["completed"] else 1
+
+
+def write_plot(result: dict[str, Any], path: Path) -> Path | None:
+    """The PNG beside the JSON (:func:`specdec.plots.serving_benchmark`); without matplotlib (or on any plotting
+    error) a warning and no PNG: the benchmark's result stands without it."""
+    from specdec import plots
+
+    try:
+        return plots.serving_benchmark(result, path)
+    except Exception as exc:  # noqa: BLE001 -- PlotsUnavailable's message says how to install matplotlib
+        logger.warning("specdec bench: no plot written (%s: %s)", type(exc).__name__, exc)
+        return None

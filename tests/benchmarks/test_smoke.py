@@ -1,6 +1,7 @@
 """Benchmarks cannot rot: every script in ``benchmarks/`` runs in its ``--smoke`` mode (tiny sizes, tiny
 random-weight models where the script allows) as a subprocess, exits 0, prints its table, and writes
-well-formed JSON whose rows match the table. Structure only: nothing here looks at a speed.
+well-formed JSON whose rows match the table, and, where the result sweeps concurrency or holds acceptance per
+draft position, a PNG beside it. Structure only: nothing here looks at a speed.
 
 ``bench_default_pair.py`` measures the embedded default pair itself (real SmolLM2-135M weights): slow.
 """
@@ -33,6 +34,7 @@ class Expected:
     labels: list[str]  # every row's label, in order
     keys: set[str]  # top-level JSON keys besides machine/smoke/rows
     numeric: list[str] = field(default_factory=lambda: ["tokens/s"])  # set on every row
+    plot: bool = False  # a PNG beside the JSON (common.write_json: a concurrency sweep, acceptance per position)
 
 
 OFFLINE = Expected(
@@ -40,7 +42,7 @@ OFFLINE = Expected(
     ["target alone", "specdec k=2", "HF assisted k=2"],
     {"target", "draft", "k", "dtype", "max_tokens", "prompts", "target_step_ms", "draft_step_ms", "verify_ms", "c", "v",
      "alpha", "analytical_bound", "fraction_of_bound", "spec_stats", "specdec_over_hf"},
-    numeric=["tokens/s", "speedup"])
+    numeric=["tokens/s", "speedup"], plot=True)
 SERVING = Expected(
     "bench_serving.py", ["setup", "tokens/s", "ratio", "identical"], "setup",
     ["in-process LLM, 1 stream", "served stack, 1 stream", "served stack, 2 streams"],
@@ -66,7 +68,7 @@ CONCURRENCY = Expected(
     [name for name in ("target alone", "pair, loop per request", "pair, grouped") for _ in (1, 2)],
     {"target", "speculative_config", "dtype", "max_tokens", "streams", "requests_per_stream", "prompts",
      "grouped_over_loops", "grouped_over_target_alone", "p99_gap_ratio_8_over_1", "repeats"},
-    numeric=["tokens/s", "x 1 stream", "batch/streams"])
+    numeric=["tokens/s", "x 1 stream", "batch/streams"], plot=True)
 OVERLAP = Expected(
     "bench_overlap.py", ["setup", "tokens/s", "x target alone", "x sequential", "identical", "acceptance", "tokens/round",
                          "propose ms", "verify ms", "lookaheads won", "bound", "of bound"], "setup",
@@ -103,7 +105,18 @@ def run_smoke(exp: Expected, tmp_path: Path) -> tuple[str, dict]:
     assert proc.returncode == 0, f"{exp.script} --smoke exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert out.is_file(), f"{exp.script} --smoke wrote no JSON at {out}:\n{proc.stdout[-3000:]}"
     assert f"wrote {out}" in proc.stdout
+    if exp.plot:
+        assert_png(out.with_suffix(".png"), proc.stdout)
     return proc.stdout, json.loads(out.read_text())
+
+
+def assert_png(path: Path, stdout: str = "") -> None:
+    """The plot beside the JSON: written and said so, a PNG (its signature), more than an empty canvas."""
+    assert path.is_file(), f"no plot at {path}:\n{stdout[-3000:]}"
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 10_000, (path, len(data))
+    if stdout:
+        assert f"wrote {path}" in stdout
 
 
 def assert_reported(stdout: str, data: dict) -> None:
@@ -236,7 +249,7 @@ COUPLED = Expected(
     [f"{rule}, T={t}" for t in (0.7, 1.0) for rule in ("spec off", "coupled k=3", "rejection k=3")],
     {"target", "draft", "k", "dtype", "draft_dtype", "top_p", "temperatures", "max_tokens", "seeds", "prompts",
      "details"},
-    numeric=["tokens/s", "tokens/pass"])
+    numeric=["tokens/s", "tokens/pass"], plot=True)
 
 
 def test_smoke_coupled(tmp_path):
@@ -480,6 +493,7 @@ def test_smoke_batch_invariant(tmp_path):
     # batch-invariant passes: speculative output equals the target alone's, by construction
     assert all(r["spec==alone on"] for r in data["rows"] if r["mode"] != "target alone")
     assert [p["pass"] for p in data["passes"]] == ["1 token", "3 tokens", "8 seqs x 3 tokens", "prefill 256"]
+    assert_png(out.with_suffix(".png"), proc.stdout)  # tokens/s vs streams, a line per dtype, mode and setting
     assert all(p["off ms"] > 0 and p["on ms"] > 0 for p in data["passes"])
     assert "on/off" in proc.stdout and "spec==alone on" in proc.stdout
 

@@ -4,6 +4,7 @@ prints the metrics, and its JSON has every field; plus the parts that need no se
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -11,6 +12,20 @@ from specdec.entrypoints import bench, cli
 from tests.gateway.openai.http_helpers import KEY, base_url, serve
 
 PERCENTILE_KEYS = {"mean", "p50", "p90", "p99"}
+
+
+def assert_per_position(spec: dict, k: int) -> None:
+    """Acceptance per draft position: counts that add up to the accepted tokens, never rising with the position
+    (a round accepts a prefix of its proposal), and their rates over the drafting rounds."""
+    counts, rates = spec["num_accepted_tokens_per_pos"], spec["acceptance_rate_per_pos"]
+    assert 0 < len(counts) <= k and sum(counts) == spec["num_accepted_tokens"], spec
+    assert all(a >= b for a, b in zip(counts, counts[1:])), counts
+    assert rates == pytest.approx([c / spec["num_drafts"] for c in counts]) and all(0 <= r <= 1 for r in rates)
+
+
+def assert_png(path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 10_000, (path, len(data))  # a real figure, not an empty one
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +53,7 @@ def test_bench_json_has_every_field(stack, capsys):
     spec = out["spec_decode"]
     assert spec["source"] == "metrics" and spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_drafts"]
     assert 0 <= spec["acceptance_rate"] <= 1 and 1 <= spec["mean_acceptance_length"] <= 3  # k=2
+    assert_per_position(spec, k=2)
     assert out["config"]["concurrency"] == 3 and out["config"]["request_rate"] == "inf"
     assert "api_key" not in out["config"]
 
@@ -49,11 +65,27 @@ def test_bench_text_report_from_a_jsonl_dataset_at_a_rate(stack, capsys, tmp_pat
     text = _bench(capsys, stack, "--dataset", str(data), "--num-prompts", "3", "--max-tokens", "4",
                   "--request-rate", "50", "--no-metrics", "--out", str(result))
     for line in ("Successful requests", "Request throughput (req/s)", "Output token throughput (tok/s)",
-                 "Time to First Token", "Inter-token Latency", "End-to-end Latency", "P99 (ms)", "Acceptance rate"):
+                 "Time to First Token", "Inter-token Latency", "End-to-end Latency", "P99 (ms)", "Acceptance rate",
+                 "Acceptance rate, position 1"):
         assert line in text, line
     saved = json.loads(result.read_text())
     assert saved["completed"] == 3 and saved["spec_decode"]["source"] == "usage"
     assert saved["spec_decode"]["num_draft_tokens"] > 0
+    assert_per_position(saved["spec_decode"], k=2)  # summed from the responses' usage.spec_decode
+    assert_png(tmp_path / "result.png")  # beside the JSON: latency percentiles, acceptance per position
+
+
+def test_bench_no_plot_and_no_matplotlib(stack, capsys, tmp_path, monkeypatch):
+    argv = ("--num-prompts", "1", "--max-tokens", "4", "--json")
+    _bench(capsys, stack, *argv, "--no-plot", "--out", str(tmp_path / "a.json"))
+    assert (tmp_path / "a.json").is_file() and not (tmp_path / "a.png").exists()
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if matplotlib were not installed
+    assert cli.main(["bench", "--base-url", base_url(stack), "--api-key", KEY, "--no-progress", *argv,
+                     "--out", str(tmp_path / "b.json")]) == 0  # the benchmark stands without its plot
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["completed"] == 1 and (tmp_path / "b.json").is_file()
+    assert not (tmp_path / "b.png").exists()
+    assert "no plot written" in captured.err and "pip install 'specdec[bench]'" in captured.err  # the CLI's log
 
 
 def test_bench_chat_dataset_and_a_wrong_key(stack, capsys):
@@ -94,13 +126,18 @@ def test_percentiles_and_counters():
             'specdec_spec_decode_num_drafts_created{model_name="a"} 1.7e9\n'
             "specdec_spec_decode_num_draft_tokens_total 9.0\n")
     assert bench.spec_counters(text) == {"num_drafts": 5.0, "num_draft_tokens": 9.0, "num_accepted_tokens": 0.0}
+    per_pos = ('specdec_spec_decode_num_accepted_tokens_per_pos_total{model_name="a",position="1",service="g"} 2.0\n'
+               'specdec_spec_decode_num_accepted_tokens_per_pos_total{model_name="a",position="0",service="g"} 4.0\n'
+               'specdec_spec_decode_num_accepted_tokens_per_pos_total{model_name="b",position="0",service="g"} 1.0\n'
+               'specdec_spec_decode_num_accepted_tokens_per_pos_created{model_name="a",position="0"} 1.7e9\n')
+    assert bench.accepted_per_pos(text + per_pos) == [5.0, 2.0] and bench.accepted_per_pos(text) == []
 
 
-def test_bench_imports_no_torch_and_no_grpc():
+def test_bench_imports_no_torch_grpc_or_matplotlib():
     import subprocess
     import sys
 
-    code = "import sys, specdec.entrypoints.bench; print(sorted({'torch', 'grpc'} & set(sys.modules)))"
+    code = "import sys, specdec.entrypoints.bench; print(sorted({'torch', 'grpc', 'matplotlib'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
