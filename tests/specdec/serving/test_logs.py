@@ -40,6 +40,15 @@ def test_unknown_format_is_refused():
         configure_logging("INFO", "yaml")
 
 
+def _stderr_of(code: str, tmp_path) -> str:
+    """What a Python process running ``code`` writes to stderr, a file (not a terminal), with no
+    progress-bar settings of its own in the environment."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    with open(tmp_path / "err.log", "w") as err:
+        subprocess.run([sys.executable, "-c", code], stderr=err, check=True, env=env, timeout=120)
+    return (tmp_path / "err.log").read_text()
+
+
 def test_a_process_without_a_terminal_logs_json_and_no_progress_bars(tmp_path):
     """What a container sees: `specdec ... --log-format json` with stderr to a file -> every line is
     JSON and no tqdm redraw (carriage returns, cursor-up) reaches the log."""
@@ -52,10 +61,7 @@ def test_a_process_without_a_terminal_logs_json_and_no_progress_bars(tmp_path):
         "from transformers.utils import logging as hf\n"
         "assert not hf.is_progress_bar_enabled()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
-    with open(tmp_path / "err.log", "w") as err:
-        subprocess.run([sys.executable, "-c", code], stderr=err, check=True, env=env, timeout=120)
-    text = (tmp_path / "err.log").read_text()
+    text = _stderr_of(code, tmp_path)
     assert "\r" not in text and "\x1b[A" not in text and "loading" not in text
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     assert {"message": "hello world", "k": 1}.items() <= lines[-1].items()
@@ -79,10 +85,7 @@ def test_tqdm_imported_before_the_logging_set_up_stays_quiet(tmp_path):
         "for _ in tqdm(range(3), desc='forced', file=shown, disable=False): pass\n"
         "assert 'forced' in shown.getvalue()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
-    with open(tmp_path / "err.log", "w") as err:
-        subprocess.run([sys.executable, "-c", code], stderr=err, check=True, env=env, timeout=120)
-    text = (tmp_path / "err.log").read_text()
+    text = _stderr_of(code, tmp_path)
     assert "\r" not in text and "\x1b[A" not in text and "dequantizing" not in text
 
 
