@@ -83,3 +83,17 @@ def test_prometheus_scrapes_every_service_and_grafana_gets_the_dashboards():
     assert source["datasources"][0]["url"] == "http://prometheus:9090"
     home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert (ROOT / "helm/specdec/dashboards" / Path(home).name).exists()
+
+
+def test_specdec_services_run_on_a_read_only_root_filesystem():
+    """As the chart runs them (readOnlyRootFilesystem, an emptyDir on /tmp): a read-only root, a tmpfs on /tmp
+    and the model cache on a volume; scripts/image-e2e.sh serves a completion from the stack run this way."""
+    result = subprocess.run([_compose(), "-f", str(ROOT / "docker-compose.yml"), "config"],
+                            capture_output=True, text=True, cwd=ROOT, check=True)
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in ("draft", "target", "gateway"):
+        svc = services[name]
+        assert svc.get("read_only") is True, name
+        assert "/tmp" in [str(t).split(":")[0] for t in svc.get("tmpfs", [])], name
+        assert any(str(v).startswith("model-cache:/cache") for v in svc["volumes"]), name
+    assert "readOnlyRootFilesystem: true" in (ROOT / "helm/specdec/values.yaml").read_text()
