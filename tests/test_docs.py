@@ -246,6 +246,8 @@ def check_command(cmd: list[str], monkeypatch) -> None:
         pass  # making and entering a virtual environment
     elif head == "docker-compose":
         assert cmd[1] in ("up", "ps", "down", "logs", "config") and (ROOT / "docker-compose.yml").is_file(), cmd
+    elif cmd[:2] == ["docker", "run"]:
+        assert "--entrypoint" not in cmd or (ROOT / cmd[-1]).is_file(), cmd  # a script of this repository
     elif cmd[:2] == ["docker", "build"]:
         assert (ROOT / "Dockerfile").is_file() and cmd[-1] == "."
     elif head == "mkdocs":
