@@ -136,6 +136,11 @@ def main() -> int:
     max_batch = max(16, max(levels))
     base = dict(model=target, host="127.0.0.1", grpc_port=0, port=0, dtype=args.dtype, num_threads=args.threads,
                 max_batch_size=max_batch)
+    if spec.get("method") == "suffix" and "suffix_decoding_max_cached_requests" not in spec:
+        # Every level and repeat (and the warm-up) sends the same prompts: suffix decoding's global tree would
+        # replay earlier runs' outputs and measure a cache, not concurrency. Each request drafts from its own tree.
+        spec = {**spec, "suffix_decoding_max_cached_requests": 0}
+        print("suffix drafting without the global tree (suffix_decoding_max_cached_requests 0): the prompts repeat")
     always = {key: value for key, value in spec.items() if key != "disable_by_batch_size"}  # speculating at any load
     setups = [("target alone", dict(base)),
               ("pair, loop per request", dict(base, speculative_config=json.dumps(always), group_rounds=False)),

@@ -168,6 +168,10 @@ def test_the_site_builds_strictly(tmp_path):
     assert "<!-- metrics-reference -->" not in page, "the hook did not fill the reference in"
     for html in ("index.html", "getting-started/index.html", "performance/index.html"):
         assert (tmp_path / "site" / html).is_file(), html
+    performance = (tmp_path / "site" / "performance" / "index.html").read_text()
+    for plot in ("throughput-vs-concurrency.png", "specdec-bench.png"):  # the benchmarks' own plots
+        assert f"assets/plots/{plot}" in performance, plot
+        assert (tmp_path / "site" / "assets" / "plots" / plot).read_bytes().startswith(b"\x89PNG"), plot
 
 
 def test_a_broken_link_fails_the_build(tmp_path):
