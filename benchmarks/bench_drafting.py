@@ -10,7 +10,7 @@ Side by side in one run, greedy, the same target (default: the embedded ``smollm
     else the draft model) at k = 1, 2, 3.
 
 Each kind of drafting is one ``specdec serve`` stack (``start_stack(ServeConfig(...))``, gRPC
-GenerationService), each in a process of its own (one OpenMP pool per process, see README, Serving;
+GenerationService), each in a process of its own (one OpenMP pool per process, see docs/serving/index.md, "Threads and batching";
 ``--in-process`` for all in this one), all started up front; a row's k is the request's ``num_speculative_tokens``. Requests go one at a time; for
 every prompt all rows run back to back (in an order that rotates from prompt to prompt) before the next
 prompt, and the whole pass is repeated ``--repeats`` times, so drift on a shared machine hits every row
@@ -147,7 +147,7 @@ def chat_formatter(target: str, use_template: bool):
 class InProcessStack:
     """``start_stack`` in this process (``--in-process``, the default of ``--smoke``): starts in a second
     rather than a child's import time, but every stack adds a compute thread with its own OpenMP pool here,
-    which slows them all on a multi-threaded run (see README, Serving)."""
+    which slows them all on a multi-threaded run (see docs/serving/index.md, "Threads and batching")."""
 
     def __init__(self, serve_config: dict):
         from specdec.entrypoints.serve import ServeConfig

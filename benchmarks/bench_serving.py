@@ -7,7 +7,7 @@ Side by side in one run, same pair, prompts, k and dtype:
 
 The stack runs in a process of its own (``start_stack`` in a child process, as ``specdec serve`` would),
 so the in-process ``LLM`` here and the served models each get one OpenMP pool: two pools in one
-process slow both (see README, Serving). In-process and served runs alternate, best of ``--repeats``.
+process slow both (see docs/serving/index.md, "Threads and batching"). In-process and served runs alternate, best of ``--repeats``.
 The mean target batch of the concurrent streams comes from the gateway's Prometheus ``/metrics``
 (``specdec_batch_size`` of the target service).
 

@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian tools some tests use: docker-compose validates docker-compose.yml offline (no engine needed);
 # prometheus brings promtool (lints /metrics) and the Prometheus server the dashboard test scrapes with;
-# openssl runs the README's certificate recipe (tests/test_docs.py); gcc and libc6-dev build the C kernels
+# openssl runs the docs' certificate recipe (docs/deployment/security.md, tests/test_docs.py); gcc and libc6-dev build the C kernels
 # (tests/kernels/test_cpu_attention.py, test_cpu_quantize.py); g++ builds suffix decoding's tree (scripts/install.sh,
 # before it). Under CI a skipped test fails (tests/conftest.py).
 if { ! command -v docker-compose >/dev/null || ! command -v prometheus >/dev/null || ! command -v openssl >/dev/null \

@@ -119,7 +119,7 @@ class LLM:
         (default: yes, ``specdec.engine.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward.
         ``kv_cache_memory`` (bytes of each model's KV block pool; default: 2 GiB on CPU, 90% of free memory on
         CUDA), ``block_size`` and ``enable_prefix_caching``: vLLM's settings of the same names.
-        ``batch_invariant``: forward passes whose logits do not depend on the shape of the pass (the README's
+        ``batch_invariant``: forward passes whose logits do not depend on the shape of the pass (docs/exactness.md,
         "Exact by construction"; default None: on for a CPU target, off on CUDA).
         ``seeded_sampling``: the rule of requests with a seed and temperature > 0: "coupled" (default; the text
         depends on the seed, not on the draft, k or speculation: ``specdec.seeding``) or "rejection"

@@ -149,7 +149,7 @@ class LeanDecoder:
         self.dtype = model.dtype
         self.use_onednn = use_onednn
         # every position's logits the same bits whatever else the pass holds (fixed-shape products, per-row
-        # norms, the rotary table, attention by kernels.cpu_attention / the Triton kernel): see the README
+        # norms, the rotary table, attention by kernels.cpu_attention / the Triton kernel): see docs/exactness.md
         self.batch_invariant = batch_invariant
         self.quant = quant  # the products it covers run as int8/fp8 QuantLinear (specdec.engine.quant_plan)
         self._rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -282,8 +282,20 @@ def _publish(tmp: Path, out: Path) -> Path:
     """Rename the finished ``tmp`` to ``out`` (atomic); where another process finished first, keep theirs."""
     if _is_complete(out):
         return out
-    if out.exists():  # a broken folder (no .complete) from an older version: replace it
-        shutil.rmtree(out, ignore_errors=True)
+    if out.exists():  # a broken folder (no .complete) from an older version: moved aside, then removed
+        aside = out.with_name(f".stale-{out.name}-{os.getpid()}")
+        try:
+            out.rename(aside)
+        except OSError:
+            pass  # gone already, or another process's rename won: the rename below decides
+        else:
+            if _is_complete(aside):  # a concurrent conversion completed it in the meantime: keep it
+                if out.exists():
+                    shutil.rmtree(aside, ignore_errors=True)
+                else:
+                    aside.rename(out)
+                return out
+            shutil.rmtree(aside, ignore_errors=True)
     try:
         tmp.rename(out)
     except OSError:

@@ -40,7 +40,7 @@ SMOOTH_ALPHA = 0.5
 CALIBRATION_TOKENS = 2048  # of the shipped calibration text, in windows of CALIBRATION_WINDOW
 CALIBRATION_WINDOW = 512
 EVALUATION_TOKENS = 1024  # of the same text, scored by each candidate (and the float model)
-QUANTIZE_LM_HEAD = True  # the vocabulary projection too: measured within the perplexity budget, and most of a pass (README)
+QUANTIZE_LM_HEAD = True  # the vocabulary projection too: measured within the perplexity budget, and most of a pass (docs/quantization.md)
 PERPLEXITY_BUDGET = 0.02  # an int8 model's perplexity may exceed the float model's by this much (else: lossy)
 # (alpha, quantize the LM head), tried in order at calibration until one stays within the budget
 CANDIDATES: tuple[tuple[float | None, bool], ...] = ((SMOOTH_ALPHA, True), (0.75, True), (SMOOTH_ALPHA, False), (0.75, False))

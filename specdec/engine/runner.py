@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 # Run passes through specdec.engine.lean_decoder where the architecture allows (drafts and targets; see
 # ModelRunner). The one default of the services' --lean-forward / --no-lean-forward and LLM(lean_forward=).
 DEFAULT_LEAN_FORWARD = True
-# Batch-invariant passes (--batch-invariant): a position's logits the same bits in any pass (README: "Exact by
+# Batch-invariant passes (--batch-invariant): a position's logits the same bits in any pass (docs/exactness.md: "Exact by
 # construction"). None: on for a target on CPU, where benchmarks/bench_batch_invariant.py measured what they
 # cost; off on CUDA until its Triton products are measured there, and off for drafts.
 DEFAULT_BATCH_INVARIANT: bool | None = None
@@ -157,7 +157,7 @@ class ModelRunner:
         # just those logits; the transformers forward is masked to the same ids).
         self.vocab_subset = lm.draft_vocab if role == "draft" else None
         self.net: Any = lm.model
-        # Batch-invariant passes (see the README's "Exact by construction"): the lean forward with fixed-shape
+        # Batch-invariant passes (see docs/exactness.md): the lean forward with fixed-shape
         # products and, on CPU, the C attention kernel; where either is missing the passes are not invariant.
         requested = batch_invariant is not None
         if not requested:  # the default: a CPU target's (a draft's numerics never change the output)
