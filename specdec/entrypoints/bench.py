@@ -335,6 +335,8 @@ def summarize(cfg: BenchConfig, model: str, endpoint: str, results: list[Request
     prompt_tokens = sum(r.prompt_tokens for r in ok)
     if before is not None and after is not None:
         per_pos = [a - b for a, b in zip_longest(after.get(PER_POS, []), before.get(PER_POS, []), fillvalue=0.0)]
+        while per_pos and per_pos[-1] <= 0:  # positions the server counted before this run (a longer k) only
+            per_pos.pop()
         acceptance = _acceptance({n: after[n] - before[n] for n in SPEC_COUNTERS}, per_pos, "metrics")
     else:
         usage = [r.spec_decode for r in ok if r.spec_decode]

@@ -147,3 +147,17 @@ def test_builtin_datasets_load():
         assert prompts and all(isinstance(p, str) and p for p in prompts) and endpoint in ("chat", "completions")
     with pytest.raises(SystemExit, match="neither a built-in set"):
         bench.load_dataset("no-such-set")
+
+
+def test_per_position_acceptance_counts_this_run_only():
+    """A server that drafted further before this run (another benchmark at a larger k) keeps those positions'
+    counters: their deltas are 0 and are left out, so the per-position list is as long as this run's drafts."""
+    before = {"num_drafts": 10.0, "num_draft_tokens": 40.0, "num_accepted_tokens": 12.0,
+              bench.PER_POS: [6.0, 3.0, 2.0, 1.0]}
+    after = {"num_drafts": 14.0, "num_draft_tokens": 48.0, "num_accepted_tokens": 17.0,
+             bench.PER_POS: [10.0, 4.0, 2.0, 1.0]}
+    result = bench.RequestResult(ok=True, output_tokens=8, prompt_tokens=3)
+    out = bench.summarize(bench.BenchConfig(), "m", "completions", [result], 1.0, before, after)
+    spec = out["spec_decode"]
+    assert spec[bench.PER_POS] == [4, 1] and spec["acceptance_rate_per_pos"] == pytest.approx([1.0, 0.25])
+    assert_per_position(spec, k=2)
