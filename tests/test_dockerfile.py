@@ -155,6 +155,21 @@ def test_gpu_image_can_build_tritons_launcher():
 
 
 @pytest.mark.parametrize("path", [CPU, GPU], ids=["cpu", "gpu"])
+def test_every_line_is_an_instruction_or_a_comment(path):
+    """What Docker's parser takes: a line that is neither (a comment's continuation without ``#``) stops the
+    build with "unknown instruction"; dockerfile-parse is more lenient, so each logical line is checked here."""
+    known = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
+             "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+    continued = False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        stripped = line.strip()
+        if not continued and stripped and not stripped.startswith("#"):
+            assert stripped.split()[0].upper() in known, f"{path.name}:{number}: not an instruction: {line!r}"
+        if not stripped.startswith("#"):
+            continued = stripped.endswith("\\")
+
+
+@pytest.mark.parametrize("path", [CPU, GPU], ids=["cpu", "gpu"])
 def test_every_copy_source_exists_and_the_install_has_its_packages(path):
     parser = _parser(path)
     sources = _copy_sources(parser)
