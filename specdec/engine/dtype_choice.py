@@ -25,11 +25,9 @@ nothing is timed. An explicit dtype is never overridden; CUDA keeps bfloat16 by 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import platform
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.engine.cache_files import file_lock, read_json_dict, write_json_atomic
 from specdec.engine.models import cache_root, dtype_name
 
 logger = logging.getLogger(__name__)
@@ -158,8 +157,8 @@ def cpu_auto_choice(hidden: int, intermediate: int, threads: int | None = None) 
     key = " | ".join([cpu, ",".join(flags) or "-", f"torch {torch.__version__}", f"{threads} threads",
                       f"hidden {hidden}, intermediate {intermediate}"])
     path = cache_root() / CACHE_FILE
-    with _LOCK, _file_lock(path):
-        entries = _read(path)
+    with _LOCK, file_lock(path):
+        entries = read_json_dict(path)
         hit = entries.get(key)
         if isinstance(hit, dict) and os.environ.get(CACHE_ENV, "1").strip() != "0":
             with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):  # malformed: measure
@@ -183,38 +182,8 @@ def cpu_auto_dtype(hidden: int, intermediate: int, threads: int | None = None) -
     return cpu_auto_choice(hidden, intermediate, threads).dtype
 
 
-def _read(path: Path) -> dict:
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
 def _write(path: Path, entries: dict) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-            json.dump(entries, f, indent=1, sort_keys=True)
-        os.replace(f.name, path)
+        write_json_atomic(path, entries)
     except OSError as exc:
         logger.warning("could not cache the dtype choice in %s (%s); it will be measured again", path, exc)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """Processes sharing the cache measure one at a time (and the later one reads the earlier's result)."""
-    try:
-        import fcntl
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path.with_name(path.name + ".lock"), "a")
-    except (ImportError, OSError):
-        handle = None
-    try:
-        if handle is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-    finally:
-        if handle is not None:
-            handle.close()

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec.engine.cache_files import file_lock, read_json_dict, write_json_atomic
 from specdec.errors import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ def gguf_digest(gguf_path: str | Path) -> str:
     path = Path(gguf_path).resolve()
     st = path.stat()
     index_path = cache_root() / "models" / _DIGEST_INDEX
-    index = _read_json(index_path)
+    index = read_json_dict(index_path)
     entry = index.get(str(path))
     if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns \
             and isinstance(entry.get("sha256"), str):
@@ -200,34 +201,15 @@ def gguf_digest(gguf_path: str | Path) -> str:
             h.update(chunk)
     digest = h.hexdigest()
     logger.debug("sha256 of %s (%.0f MiB) in %.1f s", path, st.st_size / 2**20, time.perf_counter() - started)
-    index = _read_json(index_path)  # another process may have added entries meanwhile
-    index = {k: v for k, v in index.items() if Path(k).exists()}  # forget files that are gone
-    index[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-    try:
-        _write_json_atomic(index_path, index)
-    except OSError as exc:  # a read-only cache still converts; it only hashes again next time
-        logger.warning("could not save the GGUF digest index %s: %s", index_path, exc)
+    with file_lock(index_path):  # read-modify-write: another process may be adding its entry
+        index = read_json_dict(index_path)
+        index = {k: v for k, v in index.items() if Path(k).exists()}  # forget files that are gone
+        index[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+        try:
+            write_json_atomic(index_path, index)
+        except OSError as exc:  # a read-only cache still converts; it only hashes again next time
+            logger.warning("could not save the GGUF digest index %s: %s", index_path, exc)
     return digest
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def gguf_cache_key(gguf_path: str | Path) -> dict[str, Any]:
@@ -253,10 +235,17 @@ def materialize_gguf(gguf_path: str | Path) -> Path:
     gguf_path = Path(gguf_path)
     key = gguf_cache_key(gguf_path)
     out = _gguf_cache_dir(gguf_path, key)
-    if _is_complete(out):
-        logger.info("using cached conversion of %s: %s", gguf_path.name, out,
-                    extra={"gguf": gguf_path.name, "cache_dir": str(out)})
-        return out
+    # another process converting the same file (services starting together on one cache) is waited for
+    with file_lock(out):
+        if _is_complete(out):
+            logger.info("using cached conversion of %s: %s", gguf_path.name, out,
+                        extra={"gguf": gguf_path.name, "cache_dir": str(out)})
+            return out
+        return _convert_into(gguf_path, key, out)
+
+
+def _convert_into(gguf_path: Path, key: dict[str, Any], out: Path) -> Path:
+    """Convert ``gguf_path`` into a temporary folder beside ``out``, logging each stage, then publish it."""
     started = time.perf_counter()
 
     def stage(percent: int, what: str) -> None:
@@ -279,23 +268,12 @@ def materialize_gguf(gguf_path: str | Path) -> Path:
 
 
 def _publish(tmp: Path, out: Path) -> Path:
-    """Rename the finished ``tmp`` to ``out`` (atomic); where another process finished first, keep theirs."""
+    """Rename the finished ``tmp`` to ``out`` (atomic). Conversions of one folder take turns (``file_lock``);
+    where locking is impossible and another process finished first, its folder is kept."""
     if _is_complete(out):
         return out
-    if out.exists():  # a broken folder (no .complete) from an older version: moved aside, then removed
-        aside = out.with_name(f".stale-{out.name}-{os.getpid()}")
-        try:
-            out.rename(aside)
-        except OSError:
-            pass  # gone already, or another process's rename won: the rename below decides
-        else:
-            if _is_complete(aside):  # a concurrent conversion completed it in the meantime: keep it
-                if out.exists():
-                    shutil.rmtree(aside, ignore_errors=True)
-                else:
-                    aside.rename(out)
-                return out
-            shutil.rmtree(aside, ignore_errors=True)
+    if out.exists():  # a broken folder (no .complete): an interrupted conversion of an older version
+        shutil.rmtree(out, ignore_errors=True)
     try:
         tmp.rename(out)
     except OSError:

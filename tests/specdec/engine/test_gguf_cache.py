@@ -176,3 +176,29 @@ def test_real_conversion_logs_its_stages_and_is_found_from_another_path(cache, t
     copy.parent.mkdir()
     shutil.copy2(source, copy)
     assert models.materialize_gguf(copy) == out
+
+
+def test_two_starts_converting_the_same_file_at_once_convert_it_once(cache, tmp_path, monkeypatch):
+    """Services starting together on one cache (docker-compose's target and draft, two pods on one volume):
+    the second waits on the folder's lock and then uses the first one's conversion."""
+    import threading
+    import time
+
+    path = _gguf(tmp_path / "m")
+    converted, started = [], threading.Event()
+
+    def slow_convert(gguf_path, folder, stage):
+        started.set()
+        time.sleep(0.5)  # the other start arrives while this one converts
+        (folder / "config.json").write_text("{}")
+        converted.append(gguf_path)
+
+    monkeypatch.setattr(models, "_convert_gguf", slow_convert)
+    results = []
+    first = threading.Thread(target=lambda: results.append(models.materialize_gguf(path)))
+    first.start()
+    assert started.wait(10)
+    results.append(models.materialize_gguf(path))  # blocks on the lock until the first has published
+    first.join(10)
+    assert len(converted) == 1 and len(results) == 2 and results[0] == results[1]
+    assert models._is_complete(results[0])
