@@ -17,6 +17,7 @@ holds the tensors). A sequence holds a block table: the ids of the blocks that h
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ class BlockPool:
         self.enable_prefix_caching = enable_prefix_caching
         self.refs = [0] * num_blocks
         self._free = set(range(num_blocks))  # count 0, not registered
+        # the free blocks as maximal runs of consecutive ids: starts in order, start -> length, last -> start
+        # (a new run is placed by the longest free run without sorting every free block)
+        self._run_starts = [0]
+        self._run_len = {0: num_blocks}
+        self._run_of_last = {num_blocks - 1: 0}
         self._cached: OrderedDict[int, None] = OrderedDict()  # count 0, registered: least recently used first
         self._entries: dict[tuple, _Entry] = {}  # key -> entry
         self._entry_of: dict[int, _Entry] = {}  # block -> its entry
@@ -75,7 +81,7 @@ class BlockPool:
 
     def _take(self, block: int, evict: bool = False) -> bool:
         if block in self._free:
-            self._free.discard(block)
+            self._unfree(block)
         elif evict and block in self._cached:
             self._evict(block)
         else:  # held, or cached and worth keeping: a cached neighbour is not evicted for adjacency
@@ -88,15 +94,45 @@ class BlockPool:
         leaves equal room before and after (so the sequences on both sides can grow in place), else a cached one."""
         if not self._free:
             return next(iter(self._cached))
-        best_start, best_len, start, length = -1, 0, -1, 0
-        for b in sorted(self._free):
-            if length and b == start + length:
-                length += 1
-            else:
-                start, length = b, 1
+        best_start, best_len = -1, 0
+        for start in self._run_starts:  # ascending: the first of the longest runs
+            length = self._run_len[start]
             if length > best_len:
                 best_start, best_len = start, length
         return best_start + max(0, best_len - n) // 2
+
+    # -- free runs ------------------------------------------------------------------------------------
+    def _add_run(self, start: int, length: int) -> None:
+        bisect.insort(self._run_starts, start)
+        self._run_len[start] = length
+        self._run_of_last[start + length - 1] = start
+
+    def _drop_run(self, start: int) -> int:
+        del self._run_starts[bisect.bisect_left(self._run_starts, start)]
+        length = self._run_len.pop(start)
+        del self._run_of_last[start + length - 1]
+        return length
+
+    def _unfree(self, block: int) -> None:
+        """``block`` leaves the free set: the run holding it splits around it."""
+        self._free.discard(block)
+        start = self._run_starts[bisect.bisect_right(self._run_starts, block) - 1]
+        length = self._drop_run(start)
+        if block > start:
+            self._add_run(start, block - start)
+        if block < start + length - 1:
+            self._add_run(block + 1, start + length - 1 - block)
+
+    def _refree(self, block: int) -> None:
+        """``block`` joins the free set, merged with the runs that end just before and start just after it."""
+        self._free.add(block)
+        start, length = block, 1
+        before = self._run_of_last.get(block - 1)
+        if before is not None:
+            start, length = before, self._drop_run(before) + 1
+        if block + 1 in self._run_len:
+            length += self._drop_run(block + 1)
+        self._add_run(start, length)
 
     def _evict(self, block: int) -> None:
         del self._cached[block]
@@ -119,7 +155,7 @@ class BlockPool:
                 if b in self._entry_of:
                     self._cached[b] = None
                 else:
-                    self._free.add(b)
+                    self._refree(b)
 
     def is_shared(self, block: int) -> bool:
         """Whether writing into ``block`` could change what someone else reads (held twice, or registered)."""
@@ -166,4 +202,10 @@ class BlockPool:
             assert self.refs[b] >= 0, b
             assert held + free + cached == 1, (b, self.refs[b], free, cached)
             assert not cached or b in self._entry_of, b
+        runs = [(start, self._run_len[start]) for start in self._run_starts]
+        assert runs == sorted(runs) and sum(length for _, length in runs) == len(self._free), runs
+        for (start, length), after in zip(runs, runs[1:] + [(self.num_blocks + 1, 0)]):
+            assert length > 0 and start + length < after[0], (start, length, after)  # maximal: a gap between runs
+            assert all(b in self._free for b in range(start, start + length)) and self._run_of_last[start + length - 1] == start
+        assert len(self._run_of_last) == len(runs)
         assert all(self._entries[e.key] is e for e in self._entry_of.values())

@@ -131,3 +131,46 @@ def test_random_operations_keep_the_invariants():
         pool.free(h)
     pool.check()
     assert pool.num_used == 0
+
+
+def _run_start_by_scan(free: set[int], n: int) -> int:
+    """The placement rule written out over every free block (what the pool computed before it kept runs)."""
+    best_start, best_len, start, length = -1, 0, -1, 0
+    for b in sorted(free):
+        if length and b == start + length:
+            length += 1
+        else:
+            start, length = b, 1
+        if length > best_len:
+            best_start, best_len = start, length
+    return best_start + max(0, best_len - n) // 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kept_free_runs_place_blocks_as_a_scan_of_every_free_block_would(seed):
+    """The pool keeps its free blocks as runs (no sort per allocation); at every step of a random mix of
+    allocations, growth in place, prefix-cache registrations and frees, a new run starts where the full
+    scan says, and the runs are the free set's maximal runs (check())."""
+    rng = random.Random(seed)
+    pool = BlockPool(64, 1)
+    seqs: list[list[int]] = []
+    parent = ROOT
+    for step in range(400):
+        if pool._free:
+            assert pool._run_start(3) == _run_start_by_scan(pool._free, 3)
+        op = rng.random()
+        if op < 0.4 and pool.num_free:
+            seqs.append(pool.allocate(rng.randint(1, min(6, pool.num_free))))
+        elif op < 0.6 and seqs and pool.num_free:
+            seq = rng.choice(seqs)
+            seq += pool.allocate(1, after=seq[-1])
+        elif op < 0.7 and seqs:
+            seq = rng.choice(seqs)
+            parent = pool.register(parent if rng.random() < 0.5 else ROOT, (step,), seq[0])
+        elif seqs:
+            pool.free(seqs.pop(rng.randrange(len(seqs))))
+        pool.check()
+    for seq in seqs:
+        pool.free(seq)
+    pool.check()
+    assert pool.num_free == 64
