@@ -21,6 +21,7 @@ Every folder is a Hugging Face folder (config.json + safetensors + tokenizer), s
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -358,13 +359,40 @@ def pki(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.cuda`` tests skip on a machine without a CUDA GPU (scripts/gpu-check.sh runs them)."""
+    """Longest files first; ``@pytest.mark.cuda`` tests skip on a machine without a CUDA GPU (scripts/gpu-check.sh
+    runs them)."""
+    order_by_recorded_duration(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu-check.sh runs these)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+DURATIONS = Path(__file__).with_name("durations.json")
+UNKNOWN_FILE_SECONDS = 30.0  # a file the durations file does not list yet (new): scheduled as a mid-sized one
+
+
+def order_by_recorded_duration(items) -> None:
+    """Run test files longest first, by the seconds tests/durations.json recorded for each (scripts/test_durations.py
+    refreshes it). Under pytest-xdist's ``--dist loadfile`` a worker takes the next file when it is free, so
+    longest-first keeps a long file from starting last and running alone; serially it changes nothing but the
+    order. Each file's tests stay together and in their own order (module-scoped servers start once). The order
+    depends on the committed file only, so every worker collects the same list, as xdist requires."""
+    try:
+        recorded = json.loads(DURATIONS.read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::", 1)[0], i)
+
+    def key(item):
+        path = item.nodeid.split("::", 1)[0]
+        return (-float(recorded.get(path, UNKNOWN_FILE_SECONDS)), first[path])
+
+    items.sort(key=key)  # stable: a file's tests keep their order
 
 
 def _under_ci() -> bool:

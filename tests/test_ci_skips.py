@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +75,7 @@ def _outcomes(tmp_path: Path, ci: str | None) -> dict[str, tuple[str, str]]:
 GPU = torch.cuda.is_available()
 
 
+@pytest.mark.heavy
 def test_without_ci_skips_stay_skips(tmp_path):
     got = _outcomes(tmp_path, None)
     assert got["test_runs"][0] == "passed"
@@ -84,6 +86,7 @@ def test_without_ci_skips_stay_skips(tmp_path):
     assert got["test_expected_failure"][0] == "skipped"  # junit writes an xfail as skipped: it is not our rule's
 
 
+@pytest.mark.heavy
 def test_under_ci_a_skip_fails_with_its_reason_unless_it_needs_a_gpu(tmp_path):
     got = _outcomes(tmp_path, "1")
     assert got["test_runs"][0] == "passed"
@@ -98,6 +101,7 @@ def test_under_ci_a_skip_fails_with_its_reason_unless_it_needs_a_gpu(tmp_path):
     assert got["test_expected_failure"][0] == "skipped"  # an xfail is not a skip
 
 
+@pytest.mark.heavy
 def test_ci_0_is_not_ci(tmp_path):
     got = _outcomes(tmp_path, "0")
     assert got["test_skipif_marker"][0] == "skipped"

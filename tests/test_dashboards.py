@@ -173,6 +173,7 @@ def test_traffic_panels_are_known():
     assert ZERO_BEFORE <= set(MOVED_BY_TRAFFIC)
 
 
+@pytest.mark.heavy
 def test_every_panel_query_returns_data(prometheus_over_stack, target_dir):
     stack, base, work = prometheus_over_stack
     model = str(target_dir)

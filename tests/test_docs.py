@@ -270,6 +270,15 @@ def check_command(cmd: list[str], monkeypatch) -> None:
         known = script.read_text() + (ROOT / "benchmarks" / "common.py").read_text()
         for flag in (a.split("=", 1)[0] for a in cmd[2:] if a.startswith("--")):
             assert f'"{flag}"' in known, f"{cmd[1]} takes no {flag}"
+    elif head == "python" and cmd[1].startswith("scripts/") and cmd[1].endswith(".py"):
+        script = ROOT / cmd[1]
+        assert script.is_file(), cmd
+        for flag in (a.split("=", 1)[0] for a in cmd[2:] if a.startswith("--")):
+            assert f'"{flag}"' in script.read_text(), f"{cmd[1]} takes no {flag}"
+    elif cmd[:3] == ["python", "-m", "pytest"]:
+        for arg in cmd[3:]:
+            if not arg.startswith("-") and "/" in arg:
+                assert (ROOT / arg.split("::", 1)[0]).exists(), f"pytest {arg}: no such test path"
     elif head == "curl":
         assert any(a.startswith("http://localhost:8000/") for a in cmd), cmd
     elif cmd[:2] == ["docker", "push"] or cmd[:2] == ["helm", "test"] or head == "kubectl":
@@ -333,6 +342,7 @@ def _rewrite(code: str, stack) -> str:
             .replace("localhost:50050", f"127.0.0.1:{stack.gateway.port}"))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("block", _of("run", slow=False))
 def test_run_blocks(block: Block, request, tmp_path, shell_env, monkeypatch):
     stack = request.getfixturevalue("stack") if _needs_server(block) else None

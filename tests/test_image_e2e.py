@@ -212,6 +212,7 @@ def test_image_e2e_with_stand_ins(tmp_path):
     assert links == f"PIP_FIND_LINKS=http://127.0.0.1:{port}/0/ https://mirror.local/wheels/", links
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("failure", ["no-gateway", "empty-text"])
 def test_image_e2e_tears_down_on_failure(tmp_path, failure):
     """A stack that does not answer, or an empty completion: the script fails, and the stack is still taken down

@@ -218,6 +218,7 @@ def check_default_pair(data: dict) -> None:
     assert data["best"]["setup"] == DEFAULT_PAIR.labels[1]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("exp, extra", [pytest.param(e, f, id=e.script) for e, f in [
     (OFFLINE, check_offline), (SERVING, check_serving), (TLI, check_tli), (DRAFT_STEP, check_draft_step),
     (CONCURRENCY, check_concurrency), (OVERLAP, check_overlap), (LEAN_TARGET, check_lean_target),
@@ -229,6 +230,7 @@ def test_smoke(exp: Expected, extra, tmp_path):
         extra(data)
 
 
+@pytest.mark.heavy
 def test_smoke_kv_pool(tmp_path):
     out = tmp_path / "kv_pool.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_kv_pool.py"), "--smoke", "--out", str(out)],
@@ -252,6 +254,7 @@ COUPLED = Expected(
     numeric=["tokens/s", "tokens/pass"], plot=True)
 
 
+@pytest.mark.heavy
 def test_smoke_coupled(tmp_path):
     """Seeded sampling, coupled vs rejection: the coupled rows' output is the target alone's, for every request."""
     stdout, data = run_smoke(COUPLED, tmp_path)
@@ -363,6 +366,7 @@ def check_metrics(stdout: str, data: dict) -> None:
     assert all(e["failed"] == 0 for e in data["endpoints"]), data["endpoints"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("exp, extra", [pytest.param(SOAK, check_soak, id="soak.py"),
                                         pytest.param(METRICS, check_metrics, id="bench_metrics.py")])
 def test_smoke_service_processes(exp: Expected, extra, tmp_path):
@@ -391,6 +395,7 @@ DRAFTING = Expected(
     numeric=["tokens/s", "speedup", "decode speedup", "tokens/pass"])
 
 
+@pytest.mark.heavy
 def test_smoke_drafting(tmp_path):
     stdout, data = run_smoke(DRAFTING, tmp_path)
     check(DRAFTING, stdout, data)
@@ -455,6 +460,7 @@ KV_SERVING_TABLES = {  # section: (its table's columns, the label column, the la
 }
 
 
+@pytest.mark.heavy
 def test_smoke_kv_serving(tmp_path):
     stdout, data = run_smoke(Expected("bench_kv_serving.py", [], "", [], set()), tmp_path)
     assert data["smoke"] is True and {"platform", "threads", "torch"} <= set(data["machine"])
@@ -479,6 +485,7 @@ def test_smoke_kv_serving(tmp_path):
     assert_reported(stdout, data)
 
 
+@pytest.mark.heavy
 def test_smoke_batch_invariant(tmp_path):
     out = tmp_path / "batch_invariant.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_batch_invariant.py"), "--smoke", "--out", str(out)],
@@ -498,6 +505,7 @@ def test_smoke_batch_invariant(tmp_path):
     assert "on/off" in proc.stdout and "spec==alone on" in proc.stdout
 
 
+@pytest.mark.heavy
 def test_smoke_quantization(tmp_path):
     out = tmp_path / "quantization.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_quantization.py"), "--smoke", "--out", str(out)],
@@ -530,6 +538,7 @@ SUFFIX = Expected(
     numeric=["tokens/s", "speedup", "tokens/pass"])
 
 
+@pytest.mark.heavy
 def test_smoke_suffix(tmp_path):
     stdout, data = run_smoke(SUFFIX, tmp_path)
     check(SUFFIX, stdout, data)
@@ -543,6 +552,7 @@ def test_smoke_suffix(tmp_path):
     assert any(m["drafted"] > 0 for m in data["measurements"] if m["setup"] == "suffix k<=8 factor 4")
 
 
+@pytest.mark.heavy
 def test_smoke_verify_rows(tmp_path):
     out = tmp_path / "verify_rows.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_verify_rows.py"), "--smoke", "--out", str(out)],
@@ -561,6 +571,7 @@ def test_smoke_verify_rows(tmp_path):
 # bench_structured.py: schema-constrained JSON, the shipped default vs the target alone; the openai client's parse
 
 
+@pytest.mark.heavy
 def test_smoke_structured(tmp_path):
     out = tmp_path / "structured.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_structured.py"), "--smoke", "--out", str(out)],
@@ -575,6 +586,7 @@ def test_smoke_structured(tmp_path):
                               "identical", "finished"], "setup", [{"setup": r["setup"]} for r in data["rows"]])
 
 
+@pytest.mark.heavy
 def test_smoke_grammar_engines(tmp_path):
     out = tmp_path / "engines.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_grammar_engines.py"), "--smoke", "--out", str(out)],

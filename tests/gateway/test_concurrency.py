@@ -182,6 +182,7 @@ def _lookaheads(outcome: str) -> float:
     return metrics_helpers.total(samples, "specdec_spec_decode_lookaheads_total", outcome=outcome)
 
 
+@pytest.mark.heavy
 def test_overlapped_streams_match_the_target_alone_and_lookaheads_batch_whole(servers, stack, gen_stub, target_llm,
                                                                               monkeypatch):
     """--overlap with group rounds: each step's lookaheads go to the draft as one batch of their own while

@@ -83,6 +83,7 @@ def _unencodable(value) -> bool:
     return isinstance(value, list) and any(_unencodable(v) for v in value)
 
 
+@pytest.mark.heavy
 def test_http_fuzz_never_5xx_and_keeps_serving(stack, target_dir):
     _, client, _ = stack
     reference = _reference(client, target_dir)
@@ -206,6 +207,7 @@ def _grpc_request(prompt, ids, temperature, top_p, top_k, seed, max_tokens, stop
     return req
 
 
+@pytest.mark.heavy
 def test_grpc_fuzz_never_internal_and_keeps_serving(stack, target_dir):
     _, client, stub = stack
     reference = _reference(client, target_dir)
@@ -260,6 +262,7 @@ def test_grpc_bytes_protobuf_cannot_parse_are_invalid_argument(stack, raw, param
     assert sum(len(r.token_ids) for r in ok) >= 1
 
 
+@pytest.mark.heavy
 def test_grpc_random_bytes_never_internal_and_keeps_serving(stack, target_dir):
     handle, client, stub = stack
     request = gen_pb2.GenerateRequest(prompt=PROMPTS[0], max_tokens=8,

@@ -61,6 +61,7 @@ def _gateway(servers, target, draft, **kw):
     return handle.backend, generation_service_pb2_grpc.GenerationServiceStub(channel), channel
 
 
+@pytest.mark.heavy
 def test_a_stopped_target_is_a_clean_unavailable_in_seconds_then_service_resumes(processes, servers, target_llm):
     target, draft = processes
     gw, stub, channel = _gateway(servers, target, draft, backend_call_timeout_floor_seconds=CALL_FLOOR_S)
@@ -104,6 +105,7 @@ def test_a_stopped_target_is_a_clean_unavailable_in_seconds_then_service_resumes
         channel.close()
 
 
+@pytest.mark.heavy
 def test_sigterm_drains_the_target_stream_in_flight_completes(processes, servers, target_llm):
     target, draft = processes
     gw, stub, channel = _gateway(servers, target, draft)
@@ -145,6 +147,7 @@ def _http(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
+@pytest.mark.heavy
 def test_sigterm_drains_the_gateway_process(processes, target_llm, tmp_path):
     target, draft = processes
     port, http_port = free_port(), free_port()

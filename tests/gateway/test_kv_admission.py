@@ -117,6 +117,7 @@ def test_a_request_waits_for_room_in_the_pool_then_completes(small_pool):
     assert gateway.admission.waiting == 0 and gateway.admission.running == 0 and waiting() == waiting_before
 
 
+@pytest.mark.heavy
 def test_sequences_that_outgrow_the_pool_together_are_preempted_and_resent_with_the_same_output(small_pool):
     """Both prompts fit beside each other, so both start; as they generate they outgrow the pool, which preempts
     the younger: the gateway resends it whole after a short wait, and both outputs are what each gives alone."""

@@ -24,6 +24,7 @@ def _stack(target_dir, spec: dict):
                                    grpc_port=0, port=-1, dtype="float32"))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 4},
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2},

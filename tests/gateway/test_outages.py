@@ -46,6 +46,7 @@ def _gateway(servers, target, draft, **kw):
     return handle.backend, generation_service_pb2_grpc.GenerationServiceStub(channel), channel
 
 
+@pytest.mark.heavy
 def test_draft_killed_mid_stream_falls_back_to_the_target_alone(processes, servers, target_llm):
     target, draft = processes
     gw, stub, channel = _gateway(servers, target, draft, draft_breaker_failures=2, draft_breaker_reset_seconds=0.5)
@@ -85,6 +86,7 @@ def test_draft_killed_mid_stream_falls_back_to_the_target_alone(processes, serve
             draft.start()
 
 
+@pytest.mark.heavy
 def test_target_killed_mid_stream_is_a_clean_error_then_service_resumes(processes, servers, target_llm):
     target, draft = processes
     gw, stub, channel = _gateway(servers, target, draft, backend_timeout_seconds=3.0)

@@ -92,6 +92,7 @@ def test_a_preempted_propose_is_resent_and_does_not_open_the_breaker(trio, targe
     assert out.last.stats.num_draft_tokens > 0  # the retries got their proposals: every round drafted
 
 
+@pytest.mark.heavy
 def test_a_draft_that_keeps_preempting_costs_drafts_not_output_nor_the_breaker(trio, target_llm, monkeypatch):
     """Past the draft's deadline the round verifies without drafts (reason "preempted"); the breaker, which one
     counted failure would open here, stays closed, and the output is the target's."""

@@ -83,6 +83,7 @@ def _ensure_running(replicas):
             proc.start()
 
 
+@pytest.mark.heavy
 def test_sequences_spread_over_replicas_with_identical_output(replicas, gateway, references):
     targets, drafts = replicas
     gw, stub = gateway
@@ -97,6 +98,7 @@ def test_sequences_spread_over_replicas_with_identical_output(replicas, gateway,
     assert not gw.target._home and not gw.draft.remote._home  # every sequence released
 
 
+@pytest.mark.heavy
 def test_target_replica_killed_mid_stream_hands_the_sequence_on(replicas, gateway, references):
     targets, _ = replicas
     gw, stub = gateway
@@ -117,6 +119,7 @@ def test_target_replica_killed_mid_stream_hands_the_sequence_on(replicas, gatewa
         _ensure_running(replicas)
 
 
+@pytest.mark.heavy
 def test_draining_replica_fails_no_stream(replicas, gateway, references):
     targets, _ = replicas
     gw, stub = gateway

@@ -70,6 +70,7 @@ def _interrupted(gateway, stub, prompt: str, at_verify: int, interrupt):
     return out.token_ids, hook.calls, out.last.stats
 
 
+@pytest.mark.heavy
 def test_seeded_sampled_output_survives_restarts_and_evictions(processes, gateway, target_llm):
     target, draft = processes
     gw, stub = gateway

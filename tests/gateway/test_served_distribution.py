@@ -260,6 +260,7 @@ def test_word_pair_is_as_designed(word_pair):
     assert float(top[top * N_NEGATIVE >= 5].sum()) > 0.4, "the joint must be peaky enough for counts"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", ["probabilistic", "greedy", "coupled"])
 def test_word_pair_joint_follows_target(word_stubs, word_pair, chi2_pvalue, method):
     seed = {"probabilistic": 10**6, "greedy": 2 * 10**6, "coupled": 4 * 10**6}[method]
@@ -278,6 +279,7 @@ NEGATIVE_CONTROLS = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("attr, broken, method", NEGATIVE_CONTROLS)
 def test_negative_control_is_detected(word_stubs, word_pair, chi2_pvalue, monkeypatch, attr, broken, method):
     """The same statistic, on samples from a broken variant running inside the services, must reject."""
@@ -356,6 +358,7 @@ def tli_stub(servers, tli_pair):
         channel.close()
 
 
+@pytest.mark.heavy
 def test_tli_joint_follows_target(tli_stub, tli_pair, chi2_pvalue):
     s = sample_pairs(tli_stub, tli_pair.prompt_ids, N_TLI, seed=3 * 10**6, top_k=TLI_TOP_K)
     assert_both_paths_ran(s)

@@ -56,6 +56,7 @@ def test_unreachable_backend_fails_start_up_with_its_address():
     assert f"127.0.0.1:{port}" in str(info.value) and "target" in str(info.value)
 
 
+@pytest.mark.heavy
 def test_gateway_waits_for_backends_that_are_still_loading(servers, target_dir, good_draft_dir, target_llm,
                                                            monkeypatch):
     """Backends started with load_async=True answer UNAVAILABLE while loading; the gateway waits."""

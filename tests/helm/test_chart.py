@@ -487,6 +487,7 @@ def test_threads_follow_the_cpu_limit(cpu, threads):
     assert env_of(container(deployment))["SPECDEC_TARGET_NUM_THREADS"] == threads
 
 
+@pytest.mark.heavy
 def test_gateway_waits_for_the_backends_names():
     """The init container waits for exactly the names the gateway dials, and returns once they resolve."""
     gateway = by_component({}, "Deployment")["gateway"]

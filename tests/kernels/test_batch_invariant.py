@@ -50,6 +50,7 @@ def _batches(seed):
             yield m, idx
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_matmul_rows_are_batch_invariant(dtype):
     pool = _rows(POOL, K, dtype, seed=1)
@@ -68,6 +69,7 @@ def test_matmul_rows_are_batch_invariant(dtype):
     assert all(torch.equal(out[i], alone[i]) for i in range(POOL))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_rms_norm_rows_are_batch_invariant(dtype):
     width = bi.RMS_BLOCK + 476  # two blocks, the second a tail
@@ -252,6 +254,7 @@ PASSES = [  # the same queries as windows of n = 2 and 5, prefills, and beside o
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("window", [None, 8], ids=["full", "window8"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_paged_attention_queries_are_batch_invariant(dtype, window):

@@ -86,6 +86,7 @@ def test_reference_matches_sdpa(block_size, kv_heads, window, dtype):
     torch.testing.assert_close(got.cpu().float(), sdpa_per_query(args, kvs, window), **TOL[dtype])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("block_size, kv_heads, window, dtype", [
     (16, 2, None, torch.float32),
     (8, 1, None, torch.float32),

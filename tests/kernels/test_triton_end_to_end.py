@@ -39,6 +39,7 @@ def test_greedy_output_equals_the_target_alone(target_dir, good_draft_dir, spec,
         assert 0 < got.spec_decode_stats.num_accepted_tokens < got.spec_decode_stats.num_draft_tokens  # both outcomes
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("seeded_sampling", ["rejection", "coupled"])
 @pytest.mark.parametrize("method, params", [
     ("probabilistic", SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)),

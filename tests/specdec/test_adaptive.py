@@ -74,6 +74,7 @@ def test_calibration_measures_each_k_and_releases_its_sequence(target_dir, good_
     assert not llm._target_worker.runner.sequences and not llm._draft_worker.runner.sequences
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("spec", [{"num_speculative_tokens": 4}, {"num_speculative_tokens": 4, "prompt_lookup_max": 3}],
                          ids=["model draft", "hybrid"])
 def test_adaptive_k_greedy_equals_target_alone(target_dir, good_draft_dir, spec, monkeypatch):

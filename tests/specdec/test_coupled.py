@@ -154,6 +154,7 @@ def _joint_pvalue(chi2_pvalue, pairs, p0, p1):
     return chi2_pvalue(pairs.flatten(), (p0[:, None] * p1[None, :]).flatten())
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("k", [1, 3])
 def test_coupled_rule_emits_the_target_distribution(k, chi2_pvalue):
     counts, pairs, p, accepted = _run(k, NUM_SEEDS, first_seed=1000 * k)

@@ -356,6 +356,7 @@ def _won_pvalue(chi2_pvalue, won, p2) -> float:
     return chi2_pvalue(observed, expected / len(won))
 
 
+@pytest.mark.heavy
 @pytest.mark.usefixtures("cached_model_loading")
 def test_overlapped_sampling_follows_the_target(word_triples, chi2_pvalue):
     """Token 3 is a lookahead's whenever round 1's bonus y was the first token drawn ahead. (That its q row

@@ -80,11 +80,13 @@ def test_the_target_has_near_ties(near_tie_dir):
     assert float(gaps.max()) < 1e-4 * float(logits.abs().max())  # the top token's twin is always right behind
 
 
+@pytest.mark.heavy
 def test_speculative_greedy_equals_the_target_alone_with_batch_invariant_passes(near_tie_dir, spec):
     same = _runs(str(near_tie_dir), spec, invariant=True)
     assert all(same), f"{same.count(False)} of {len(same)} runs differ from the target alone"
 
 
+@pytest.mark.heavy
 def test_without_them_near_ties_flip_so_the_test_can_fail(near_tie_dir, spec):
     """The negative control: the default passes of earlier releases lose some runs on this target."""
     same = _runs(str(near_tie_dir), spec, invariant=False)

@@ -87,6 +87,7 @@ def test_lookup_config_is_checked():
 REPEATING = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 4},
     {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 1},
@@ -123,6 +124,7 @@ def test_hybrid_greedy_equals_target_alone_and_uses_both(target_dir, good_draft_
     assert 0 < calls["model"] < rounds, "hybrid drafting used only one of its two drafters"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("seeded_sampling", ["coupled", "rejection"])
 def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch,
                                                                         seeded_sampling):

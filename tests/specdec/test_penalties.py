@@ -181,6 +181,7 @@ def sample_pairs(llm, n: int, seed: int) -> tuple[torch.Tensor, int]:
     return counts, accepted
 
 
+@pytest.mark.heavy
 def test_sampled_pairs_with_penalties_follow_the_target(word_llm, penalised_joint, chi2_pvalue):
     counts, accepted = sample_pairs(word_llm, N_SAMPLES, seed=10**6)
     assert 0.05 * N_SAMPLES < accepted < 0.95 * N_SAMPLES, f"both paths must run (accepted {accepted})"

@@ -150,6 +150,7 @@ SPECS = [StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True), Stru
                                          'NUM: /\\d{1,3}/\n%import common.WORD')]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", ["draft_model", "suffix-hybrid"])
 def test_greedy_output_equals_constrained_target_alone(target_dir, good_draft_dir, method):
     """Every kind of grammar, min_p and allowed_token_ids: token-identical to the target alone under the same
@@ -200,6 +201,7 @@ def _exact_outputs(target_dir, grammars, prompt_ids, spec, temperature):
     return out
 
 
+@pytest.mark.heavy
 def test_sampled_outputs_follow_the_constrained_target_distribution(target_dir, good_draft_dir, grammars,
                                                                     chi2_pvalue):
     """Spec decoding (a probabilistic draft model) under a choice grammar: the full outputs' frequencies

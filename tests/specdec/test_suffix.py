@@ -219,6 +219,7 @@ def test_greedy_equals_target_alone_and_the_global_tree_learns(target_dir, good_
     assert max(model_ks) <= 2, model_ks  # the model drafts its own k; suffix drafts up to 8
 
 
+@pytest.mark.heavy
 def test_suffix_sampling_follows_the_target_and_a_broken_rule_is_caught(target_dir, chi2_pvalue, monkeypatch):
     """First emitted token after a prompt whose suffix always matches: with suffix proposals (no q) it
     follows p; accepting every proposal instead (the negative control) does not."""

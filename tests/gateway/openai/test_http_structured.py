@@ -64,6 +64,7 @@ def test_min_p_and_allowed_token_ids_equal_target_alone(client, model, target_ll
     assert out.choices[0].text == want.text
 
 
+@pytest.mark.heavy
 def test_parse_with_a_pydantic_model_validates_every_time(client, model):
     """The client's ``parse`` (strict JSON schema from a pydantic model), sampled with 10 seeds: every reply is a
     valid object."""

@@ -44,7 +44,10 @@ def _tokenizer(corpus: Path):
                                    bos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
-@pytest.fixture(scope="package")
+# Session scope (built once per pytest process): the files using it may be spread across xdist workers and
+# interleaved with other files by the duration-ordered schedule (tests/conftest.py), where a package scope
+# would be torn down and trained again each time the package is re-entered.
+@pytest.fixture(scope="session")
 def setup(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 

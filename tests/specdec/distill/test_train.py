@@ -61,6 +61,7 @@ def test_distill_end_to_end_and_resume(setup):
     assert all(p.stat().st_mtime_ns == m for p, m in mtimes.items())
 
 
+@pytest.mark.heavy
 def test_labelling_budget_limits_the_data(setup, monkeypatch):
     """Once labelling has used --label-fraction of --minutes, training continues on the labelled chunks only."""
     root, corpus, target_dir = setup

@@ -213,6 +213,7 @@ def test_kv_cache_crop_protocol(lm):
     assert cache.length == 5
 
 
+@pytest.mark.heavy
 def test_concurrent_loads_keep_weight_tying(tmp_path, tokenizer):
     """transformers disables tie_weights on the class while it builds a model; two loads at once
     (draft and target services starting side by side) must not leave it disabled for the process."""

@@ -180,6 +180,7 @@ SAMPLING_CASES = {
 }
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("seeded_sampling", ["coupled", "rejection"])
 @pytest.mark.parametrize("case", list(SAMPLING_CASES))
 def test_sampling_lossless_first_two_tokens(case, request, target_dir, target_model, tokenizer, spec, chi2_pvalue,

@@ -89,6 +89,7 @@ def test_tqdm_imported_before_the_logging_set_up_stays_quiet(tmp_path):
     assert "\r" not in text and "\x1b[A" not in text and "dequantizing" not in text
 
 
+@pytest.mark.heavy
 def test_a_service_started_without_a_terminal_logs_one_json_object_per_line(target_dir):
     """`specdec --log-format json target-service` with stderr to a pipe: every stderr line is a JSON object
     (no progress-bar redraws), with one loading line and one ready line carrying the load time and the

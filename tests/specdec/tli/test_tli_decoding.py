@@ -196,6 +196,7 @@ def test_draft_history_restarts_when_the_history_is_rewritten(adapter):
         _check_step(adapter, ids, adapter.draft_history(state, ids))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("seed", range(3))
 def test_draft_history_kept_in_place_equals_a_fresh_one(adapter, seed):
     """Given one TokenHistory that grows and loses a tail now and then (as a service's or a lookahead's),

@@ -152,6 +152,7 @@ def test_probabilistic_proposal_q_is_the_restricted_draft_distribution_in_target
     assert prop.draft_probs[0].nonzero().flatten().tolist() == expected_support
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("seeded_sampling", ["coupled", "rejection"])
 @pytest.mark.parametrize("method, k, rounds", [("greedy", 3, 20), ("greedy-intersection", 3, 20), ("probabilistic", 2, 20)])
 def test_first_token_follows_target_distribution(pair, chi2_pvalue, monkeypatch, method, k, rounds, seeded_sampling):
@@ -165,6 +166,7 @@ def test_first_token_follows_target_distribution(pair, chi2_pvalue, monkeypatch,
     assert pv >= ALPHA, f"{method}: first tokens do not follow p (chi-square p={pv:.2e}): {table}"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("broken, method", [(accept_always, "probabilistic"), (recover_from_p, "greedy")])
 def test_negative_control_broken_acceptance_is_detected(pair, chi2_pvalue, monkeypatch, broken, method):
     """The same statistic, on samples from a broken acceptance rule, must reject."""
