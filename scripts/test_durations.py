@@ -4,6 +4,7 @@
     python -m pytest tests -p no:xdist --report-log=/tmp/report.jsonl   # one serial run (real seconds per file)
     python scripts/test_durations.py /tmp/report.jsonl                  # rewrite tests/durations.json, print the top
     python scripts/test_durations.py /tmp/report.jsonl --check          # compare a run with the recorded file only
+    python scripts/test_durations.py /tmp/new.jsonl --merge             # a run of a few files: update just those
 
 tests/conftest.py schedules files longest first by these numbers (pytest-xdist's ``--dist loadfile`` then keeps
 both workers busy to the end), and a file or test that grew past its budget shows up in review as a changed number.
@@ -70,7 +71,8 @@ def write(files: dict[str, float], tests: dict[str, float], note: str) -> dict:
         "note": note,
         "total_seconds": round(sum(files.values()), 1),
         "files": {path: round(s, 1) for path, s in sorted(files.items(), key=lambda kv: (-kv[1], kv[0]))},
-        "slowest_tests": {nodeid: round(s, 1) for nodeid, s in sorted(tests.items(), key=lambda kv: -kv[1])[:25]},
+        "slowest_tests": {nodeid: round(s, 1) for nodeid, s in sorted(tests.items(), key=lambda kv: -kv[1])[:25]
+                          if s >= 1.0},
     }
     DURATIONS.write_text(json.dumps(data, indent=1) + "\n")
     return data
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", type=Path, help="a pytest-reportlog JSONL file (pytest --report-log=PATH)")
     parser.add_argument("--check", action="store_true", help="compare with tests/durations.json; write nothing")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the recorded files this report does not have (a run of a new or changed file)")
     parser.add_argument("--note", default="", help="how the run was made (command, workers), kept in the file")
     parser.add_argument("--top", type=int, default=20, help="how many of the slowest files and tests to print")
     args = parser.parse_args(argv)
@@ -114,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = sorted(nodeid for nodeid, outcome in outcomes.items() if outcome == "failed")
     if failed:
         print(f"warning: {len(failed)} tests failed in this run; their times may be short", file=sys.stderr)
-    data = write(files, tests, args.note)
+    note = args.note
+    if args.merge:
+        old = json.loads(DURATIONS.read_text())
+        files = {**old["files"], **files}
+        tests = {**{k: v for k, v in old.get("slowest_tests", {}).items() if k.split("::", 1)[0] not in files}, **tests}
+        note = note or old.get("note", "")
+    data = write(files, tests, note)
     print(f"wrote {DURATIONS.relative_to(ROOT)}: {len(files)} files, {data['total_seconds'] / 60:.1f} min in all "
           f"({data['machine']})")
     print(f"\n{'seconds':>8}  slowest files")
