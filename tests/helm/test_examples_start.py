@@ -1,0 +1,67 @@
+"""Every Helm example deploys backends that start: each example's draft and target services are started here,
+in this process, from the settings the chart renders for their containers (env + args, parsed by the `specdec`
+CLI's own parser), with only what cannot exist on this machine swapped: the models (tiny local folders of the
+suite), the device (cpu where the example asks for cuda), the listening address (loopback, any port) and TLS
+files (the test PKI's, where the example mounts a Secret). Rendering alone passed for examples whose draft pod
+exited at once ("--draft-model-num-speculative-tokens ... needs a model and a lookup method")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.helm.test_chart import EXAMPLES, _parse_like_the_cli, by_component, container, example
+
+NAMES = [p.name.removesuffix("-values.yaml") for p in EXAMPLES]
+
+
+def _local(config, model, pki, target_dir=None):
+    """The chart's config with what cannot exist here swapped for local stand-ins."""
+    swaps = {"model": str(model), "revision": None, "host": "127.0.0.1", "port": 0, "num_threads": 1,
+             "device": "cpu", "kernels": None if config.kernels in ("triton",) else config.kernels}
+    if getattr(config, "metrics_port", None) is not None:
+        swaps["metrics_port"] = 0
+    if getattr(config, "target_tokenizer", None):
+        swaps["target_tokenizer"] = str(target_dir)
+    if config.quantization == "fp8":  # CUDA 8.9+ only
+        swaps["quantization"] = "int8"
+    if config.tls_cert_file:
+        swaps.update(tls_cert_file=pki.pod_cert, tls_key_file=pki.pod_key,
+                     tls_client_ca_file=pki.ca if config.tls_client_ca_file else None)
+    return dataclasses.replace(config, **swaps)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", NAMES)
+def test_the_examples_backends_start_from_the_charts_settings(name, monkeypatch, target_dir, good_draft_dir, pki):
+    from draft_service.server import create_server as create_draft
+    from target_service.server import create_server as create_target
+
+    deployments = by_component(example(name), "Deployment")
+    target_config = _parse_like_the_cli(monkeypatch, container(deployments["target"]))
+    draft_config = _parse_like_the_cli(monkeypatch, container(deployments["draft"]))
+    handles = []
+    try:
+        handles.append(create_target(_local(target_config, target_dir, pki)))
+        handles.append(create_draft(_local(draft_config, good_draft_dir, pki, target_dir)))
+        for handle in handles:
+            assert handle.backend.ready.is_set(), f"{name}: {handle.backend.role} did not load"
+    finally:
+        for handle in handles:
+            handle.stop(0)
+
+
+def test_hybrid_k_is_rendered_for_hybrid_drafting_only():
+    """speculativeConfig.draft_model_num_speculative_tokens reaches the draft only where it applies."""
+    from tests.helm.test_chart import env_of
+
+    def draft_env(spec: dict) -> dict:
+        return env_of(container(by_component({"speculativeConfig": spec}, "Deployment")["draft"]))
+
+    key = "SPECDEC_DRAFT_DRAFT_MODEL_NUM_SPECULATIVE_TOKENS"
+    assert draft_env({})[key] == "1"  # the default pair: suffix + the model
+    assert draft_env({"method": "draft_model", "prompt_lookup_max": 4, "num_speculative_tokens": 4})[key] == "1"
+    assert key not in draft_env({"method": "draft_model", "num_speculative_tokens": 4})
+    assert key not in draft_env({"method": "ngram", "prompt_lookup_max": 4})
+    assert key not in draft_env({"method": "suffix", "model": "none"})
