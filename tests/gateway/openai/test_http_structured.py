@@ -185,6 +185,9 @@ def test_bad_constraints_are_400_naming_the_field(raw, model, body, param, words
 
 def test_metrics_count_structured_requests(raw, client, model):
     def sample(name: str, **labels) -> float:
+        # this stack's series: the process-wide registry also holds other gateways' (other model names) when
+        # other test files ran in this process first, as they do under xdist
+        labels["model_name"] = model
         for line in raw.get("/metrics").text.splitlines():
             if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
                 return float(line.rsplit(" ", 1)[1])
