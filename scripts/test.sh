@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need, then run the whole suite (real-model tests included) on parallel workers.
 #
-#   CI=1 bash scripts/test.sh           the whole suite, as CI runs it (.ci/run): ~25 min on 2 cores
+#   CI=1 bash scripts/test.sh           the whole suite, as CI runs it (.ci/run): ~20 min on 2 cores
 #   bash scripts/test.sh --fast         the inner loop: every package's fast tests, ~3 min on 2 cores; skips the
 #                                       install when pyproject.toml and the requirements files are unchanged
 #   bash scripts/test.sh tests/gateway  any pytest arguments pass through (paths, -k, -x, ...)
