@@ -65,8 +65,8 @@ def cpu_flags() -> str:
 
 def write(files: dict[str, float], tests: dict[str, float], note: str) -> dict:
     data = {
-        "about": "Seconds per test file (set-up + call + tear-down) of one serial run; tests/conftest.py runs files "
-                 "longest first. Refresh: scripts/test_durations.py (its docstring).",
+        "about": "Seconds per test file (set-up + call + tear-down) of the run the note names; tests/conftest.py runs "
+                 "files longest first. Refresh: scripts/test_durations.py (its docstring).",
         "machine": cpu_flags(),
         "note": note,
         "total_seconds": round(sum(files.values()), 1),
@@ -76,6 +76,12 @@ def write(files: dict[str, float], tests: dict[str, float], note: str) -> dict:
     }
     DURATIONS.write_text(json.dumps(data, indent=1) + "\n")
     return data
+
+
+def merged(old: dict, files: dict[str, float], tests: dict[str, float], note: str):
+    """The recorded files and slowest tests with this partial run's files replaced (and added)."""
+    kept = {k: v for k, v in old.get("slowest_tests", {}).items() if k.split("::", 1)[0] not in files}
+    return {**old["files"], **files}, {**kept, **tests}, note or old.get("note", "")
 
 
 def check(files: dict[str, float], tests: dict[str, float], inner_calls: dict[str, float]) -> list[str]:
@@ -120,10 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {len(failed)} tests failed in this run; their times may be short", file=sys.stderr)
     note = args.note
     if args.merge:
-        old = json.loads(DURATIONS.read_text())
-        files = {**old["files"], **files}
-        tests = {**{k: v for k, v in old.get("slowest_tests", {}).items() if k.split("::", 1)[0] not in files}, **tests}
-        note = note or old.get("note", "")
+        files, tests, note = merged(json.loads(DURATIONS.read_text()), files, tests, note)
     data = write(files, tests, note)
     print(f"wrote {DURATIONS.relative_to(ROOT)}: {len(files)} files, {data['total_seconds'] / 60:.1f} min in all "
           f"({data['machine']})")

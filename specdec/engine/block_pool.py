@@ -41,9 +41,10 @@ class BlockPool:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.refs = [0] * num_blocks
-        self._free = set(range(num_blocks))  # count 0, not registered
-        # the free blocks as maximal runs of consecutive ids: starts in order, start -> length, last -> start
-        # (a new run is placed by the longest free run without sorting every free block)
+        # the free blocks (count 0, not registered) as maximal runs of consecutive ids: starts in order,
+        # start -> length, last -> start. A new run is placed by the longest free run without visiting every free
+        # block, and a pool of 262k blocks keeps 3 small containers, not a set of 262k ids.
+        self._num_free_blocks = num_blocks
         self._run_starts = [0]
         self._run_len = {0: num_blocks}
         self._run_of_last = {num_blocks - 1: 0}
@@ -57,7 +58,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks a sequence can get now: free ones and cached ones nobody holds."""
-        return len(self._free) + len(self._cached)
+        return self._num_free_blocks + len(self._cached)
 
     @property
     def num_used(self) -> int:
@@ -80,7 +81,7 @@ class BlockPool:
         return out
 
     def _take(self, block: int, evict: bool = False) -> bool:
-        if block in self._free:
+        if self._is_free(block):
             self._unfree(block)
         elif evict and block in self._cached:
             self._evict(block)
@@ -92,7 +93,7 @@ class BlockPool:
     def _run_start(self, n: int) -> int:
         """A block to start a new run of ``n`` at: inside the longest run of free blocks, as far from its start as
         leaves equal room before and after (so the sequences on both sides can grow in place), else a cached one."""
-        if not self._free:
+        if not self._run_starts:
             return next(iter(self._cached))
         best_start, best_len = -1, 0
         for start in self._run_starts:  # ascending: the first of the longest runs
@@ -113,9 +114,13 @@ class BlockPool:
         del self._run_of_last[start + length - 1]
         return length
 
+    def _is_free(self, block: int) -> bool:
+        i = bisect.bisect_right(self._run_starts, block) - 1
+        return i >= 0 and block < self._run_starts[i] + self._run_len[self._run_starts[i]]
+
     def _unfree(self, block: int) -> None:
-        """``block`` leaves the free set: the run holding it splits around it."""
-        self._free.discard(block)
+        """Free ``block`` leaves the free set: the run holding it splits around it."""
+        self._num_free_blocks -= 1
         start = self._run_starts[bisect.bisect_right(self._run_starts, block) - 1]
         length = self._drop_run(start)
         if block > start:
@@ -125,7 +130,7 @@ class BlockPool:
 
     def _refree(self, block: int) -> None:
         """``block`` joins the free set, merged with the runs that end just before and start just after it."""
-        self._free.add(block)
+        self._num_free_blocks += 1
         start, length = block, 1
         before = self._run_of_last.get(block - 1)
         if before is not None:
@@ -198,14 +203,15 @@ class BlockPool:
     def check(self) -> None:
         """Assert the invariants (tests): every block is in exactly one state; counts are never negative."""
         for b in range(self.num_blocks):
-            held, free, cached = self.refs[b] > 0, b in self._free, b in self._cached
+            held, free, cached = self.refs[b] > 0, self._is_free(b), b in self._cached
             assert self.refs[b] >= 0, b
             assert held + free + cached == 1, (b, self.refs[b], free, cached)
             assert not cached or b in self._entry_of, b
         runs = [(start, self._run_len[start]) for start in self._run_starts]
-        assert runs == sorted(runs) and sum(length for _, length in runs) == len(self._free), runs
+        assert runs == sorted(runs) and sum(length for _, length in runs) == self._num_free_blocks, runs
         for (start, length), after in zip(runs, runs[1:] + [(self.num_blocks + 1, 0)]):
             assert length > 0 and start + length < after[0], (start, length, after)  # maximal: a gap between runs
-            assert all(b in self._free for b in range(start, start + length)) and self._run_of_last[start + length - 1] == start
+            assert all(self.refs[b] == 0 and b not in self._cached for b in range(start, start + length)), (start, length)
+            assert self._run_of_last[start + length - 1] == start
         assert len(self._run_of_last) == len(runs)
         assert all(self._entries[e.key] is e for e in self._entry_of.values())

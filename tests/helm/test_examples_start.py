@@ -19,13 +19,11 @@ NAMES = [p.name.removesuffix("-values.yaml") for p in EXAMPLES]
 def _local(config, model, pki, target_dir=None):
     """The chart's config with what cannot exist here swapped for local stand-ins."""
     swaps = {"model": str(model), "revision": None, "host": "127.0.0.1", "port": 0, "num_threads": 1,
-             "device": "cpu", "kernels": None if config.kernels in ("triton",) else config.kernels}
-    if getattr(config, "metrics_port", None) is not None:
+             "device": "cpu"}
+    if config.metrics_port is not None:
         swaps["metrics_port"] = 0
-    if getattr(config, "target_tokenizer", None):
+    if getattr(config, "target_tokenizer", None):  # the draft's, with TLI
         swaps["target_tokenizer"] = str(target_dir)
-    if config.quantization == "fp8":  # CUDA 8.9+ only
-        swaps["quantization"] = "int8"
     if config.tls_cert_file:
         swaps.update(tls_cert_file=pki.pod_cert, tls_key_file=pki.pod_key,
                      tls_client_ca_file=pki.ca if config.tls_client_ca_file else None)
