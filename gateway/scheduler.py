@@ -11,6 +11,11 @@ each request still streams its tokens as soon as its round is verified. With ove
 lookahead Proposes (``specdec.decoding.Lookahead``) run as a batched phase of their own beside its
 Verify phase.
 
+A new sequence's first round (its prompt's prefill on both services, which may take many passes) runs as
+a step of its own, beside the group's: the decoding sequences keep stepping while it prefills, and it joins
+them at the first step boundary after its first round. (The services interleave its prefill chunks with
+the decoding sequences' rows: ``specdec.engine.scheduler``.)
+
 A slow consumer never stalls the group (its rounds queue up for it), nor does a cancelled one (it
 is dropped at the next step), nor a call that hangs: once a step has run for several times the usual
 step time, the ready sequences step without it, and it rejoins them at a step boundary when its call
@@ -53,6 +58,7 @@ class _Member:
         self.rounds: queue.Queue = queue.Queue()  # each step's (text, token ids, finished), an exception, or _CANCELLED
         self.active = True  # still stepped: not finished, failed, cancelled or left
         self.seen = 0  # output tokens already handed out
+        self.fresh = True  # its first round (the prompt's prefill) has not run: it steps apart from the group
 
 
 class RoundScheduler:
@@ -65,7 +71,8 @@ class RoundScheduler:
         self.hints = hints  # batch hints are exact only when every call of a phase goes to one service
         self.overlap = overlap  # each step also drafts the next round ahead, beside the verifications
         self._members: list[_Member] = []
-        self._in_step: dict[int, float] = {}  # id of each member a step in flight holds -> when that step began
+        # id of each member a step in flight holds -> (when that step began, whether it is a step of fresh members)
+        self._in_step: dict[int, tuple[float, bool]] = {}
         self._durations: collections.deque[float] = collections.deque(maxlen=32)  # recent steps' run times
         self._cond = threading.Condition()
         self._closed = False
@@ -121,30 +128,35 @@ class RoundScheduler:
                     self._cond.wait(STALL_POLL_S if self._in_step else None)
                 if self._closed:
                     return
-                group = []
+                groups: dict[bool, list[_Member]] = {True: [], False: []}  # fresh -> ready members
+                decoding_may_step = self._decoding_may_step()
                 for m in self._members:
-                    if not m.active or id(m) in self._in_step:
+                    if not m.active or id(m) in self._in_step or not (m.fresh or decoding_may_step):
                         continue
                     if m.cancelled():
                         m.active = False
                         m.rounds.put(_CANCELLED)
                     else:
-                        group.append(m)
-                if not group:
-                    continue
+                        groups[m.fresh].append(m)
                 started = time.monotonic()
-                self._in_step.update((id(m), started) for m in group)
-            self._steps.submit(self._run_step, group, started)
+                for fresh, group in groups.items():
+                    self._in_step.update((id(m), (started, fresh)) for m in group)
+            for fresh, group in groups.items():
+                if group:
+                    self._steps.submit(self._run_step, group, started, fresh)
 
     def _may_step(self) -> bool:
-        """A step may start: some member is ready (active, not in a step), and no step is in flight, or
-        the oldest one has stalled (a hung call must not hold up everyone else: the ready members go ahead
-        and rejoin the stalled ones at a later step boundary)."""
-        if not any(m.active and id(m) not in self._in_step for m in self._members):
-            return False
-        if not self._in_step:
-            return True
-        return time.monotonic() - min(self._in_step.values()) > self.stall_seconds()
+        """A step may start: a fresh member is ready (a prefill never waits for the group, nor the group for
+        it), or a decoding member is ready and ``_decoding_may_step``."""
+        ready = [m for m in self._members if m.active and id(m) not in self._in_step]
+        return any(m.fresh for m in ready) or (any(not m.fresh for m in ready) and self._decoding_may_step())
+
+    def _decoding_may_step(self) -> bool:
+        """No decoding step is in flight, or the oldest one has stalled (a hung call must not hold up everyone
+        else: the ready members go ahead and rejoin the stalled ones at a later step boundary). Steps of fresh
+        members (prefills) never hold the decoding ones up."""
+        decoding = [t for t, fresh in self._in_step.values() if not fresh]
+        return not decoding or time.monotonic() - min(decoding) > self.stall_seconds()
 
     def stall_seconds(self) -> float:
         """How long a step may run before the ready members start one of their own."""
@@ -152,13 +164,15 @@ class RoundScheduler:
         floor = self.min_stall_seconds
         return max(floor, STALL_FACTOR * recent[len(recent) // 2]) if recent else floor
 
-    def _run_step(self, group: list[_Member], started: float) -> None:
+    def _run_step(self, group: list[_Member], started: float, fresh: bool = False) -> None:
         try:
             self._step(group)
         finally:
             with self._cond:
-                self._durations.append(time.monotonic() - started)
+                if not fresh:  # the stall timer reads the decoding steps' times (a prefill's is no guide)
+                    self._durations.append(time.monotonic() - started)
                 for m in group:
+                    m.fresh = False
                     self._in_step.pop(id(m), None)
                 self._cond.notify_all()
 

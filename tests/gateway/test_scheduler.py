@@ -92,3 +92,51 @@ def test_a_hung_call_stalls_only_its_own_sequence():
     finally:
         target.go.set()
         scheduler.close()
+
+
+class PrefillingTarget(HangingTarget):
+    """As HangingTarget, but only the hung sequence's FIRST call waits (its prompt's long prefill)."""
+
+    def verify(self, sequence_id, token_ids, proposal, params):
+        if sequence_id == self.hung and not self.hanging.is_set():
+            self.hanging.set()
+            assert self.go.wait(60), "the prefill was never let go"
+        return VerifyResult(0, 5 + len(token_ids) % 20)
+
+
+def test_a_decoding_sequence_never_waits_for_a_new_sequences_prefill():
+    """The stall timer is out of play (60 s): the decoding sequence runs every round while the new sequence's
+    first round (its prefill) is still out, counted in rounds, not timed; the new one then joins and completes."""
+    target = PrefillingTarget("long")
+    scheduler = RoundScheduler(None, target, 4, min_stall_seconds=60)
+    decoding_rounds = []
+    started = threading.Event()
+    results: dict[str, list[int]] = {}
+
+    def run(seq: SequenceState, rounds: list | None = None) -> None:
+        ids: list[int] = []
+        for _text, new_ids, _finished in scheduler.rounds(seq, 0):
+            ids += new_ids
+            if rounds is not None:
+                rounds.append(target.hanging.is_set() and not target.go.is_set())
+                if len(rounds) == 3:
+                    started.set()
+                    assert target.hanging.wait(30)
+        results[seq.sequence_id] = ids
+
+    try:
+        decoding = threading.Thread(target=run, args=(_seq("decoding", 40), decoding_rounds))
+        decoding.start()
+        assert started.wait(30)
+        long = threading.Thread(target=run, args=(_seq("long", 5),))
+        long.start()
+        decoding.join(30)
+        assert not decoding.is_alive() and long.is_alive()
+        assert decoding_rounds.count(True) == 37  # every round after the third ran while the prefill was out
+        assert results["decoding"] == _expected(40)
+        target.go.set()
+        long.join(30)
+        assert not long.is_alive() and results["long"] == _expected(5)
+    finally:
+        target.go.set()
+        scheduler.close()
