@@ -28,6 +28,7 @@ from specdec.engine.block_pool import ROOT
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING, DEFAULT_GPU_MEMORY_UTILIZATION,
                                      KVPool, KVStats, SequenceKVCache, kv_budget)
 from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
+from specdec.engine.lean_linear import INVARIANT_TILE_ROWS
 from specdec.engine.memory import release_unread, weight_bytes
 from specdec.engine.quant import quantization_unavailable
 from specdec.engine.quant_plan import build_plan, save_plan
@@ -35,6 +36,8 @@ from specdec.config import AUTO_QUANTIZATION
 from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SequencePreemptedError
 from specdec.engine.models import LoadedModel, SkinnyLinear
 from specdec.engine.scoring import RowLogits, check_scoring, scoring_pass_bytes
+from specdec.engine.scheduler import (DECODING_WINDOW_S, DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
+                                      DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_PARTIAL_PREFILLS, PassScheduler)
 from specdec.sampling import make_generator
 from specdec.seeding import round_seed, stream_key
 
@@ -54,11 +57,6 @@ DEFAULT_QUANTIZATION = AUTO_QUANTIZATION
 DEFAULT_QUANTIZATION_BY_ROLE = {"draft": "int8", "target": "none"}
 
 
-# Chunked prefill: a pass feeds at most this many new tokens when a long prompt is among them, so the other
-# sequences' rounds do not wait for the whole prompt (vLLM's max_num_batched_tokens).
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
-
-
 class Unfinished:
     """A row's result when its prompt is prefilled in chunks: this pass fed a chunk (or nothing); the batcher
     runs the call again in its next batch (``requeue``), where sync feeds what is still missing."""
@@ -70,21 +68,6 @@ class Unfinished:
 
 
 UNFINISHED = Unfinished()
-
-
-def chunk_budget(feeds: list[int], budget: int, minimum: int) -> list[int]:
-    """How many tokens of each row's feed a pass of at most ``budget`` new tokens takes: short feeds first
-    and whole; the first feed that does not fit gets what is left, at least ``minimum`` (every pass makes
-    progress); the feeds after it wait."""
-    take, left, split = [0] * len(feeds), budget, False
-    for i in sorted(range(len(feeds)), key=feeds.__getitem__):
-        n = min(feeds[i], max(left, 0))
-        if n < feeds[i] and not split:
-            n, split = max(n, min(feeds[i], minimum)), True
-        elif n < feeds[i]:
-            n = 0
-        take[i], left = n, left - n
-    return take
 
 
 @dataclass
@@ -99,6 +82,7 @@ class _Sequence:
     last_used: float = field(default_factory=time.monotonic)
     vocab_state: dict = field(default_factory=dict)  # a TLI draft's re-tokenized context
     stream_key: int | None = None  # seeded: the generator is re-seeded per round (specdec.seeding)
+    prefilling: bool = False  # its prompt is being fed in chunks (its last call was UNFINISHED)
 
     @property
     def length(self) -> int:
@@ -129,6 +113,8 @@ class ModelRunner:
         enable_prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING,
         gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
+        max_num_partial_prefills: int = DEFAULT_MAX_NUM_PARTIAL_PREFILLS,
         batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
         quantization: str | None = DEFAULT_QUANTIZATION,
         release_unread_weights: bool = False,
@@ -208,7 +194,10 @@ class ModelRunner:
                          kv_budget(lm.device, kv_cache_memory, gpu_memory_utilization), block_size,
                          enable_prefix_caching)
         self.block_size = block_size
-        self.max_num_batched_tokens = max_num_batched_tokens
+        # decode first, then prefill chunks under one token budget per pass (specdec.engine.scheduler)
+        self.scheduler = PassScheduler(max_num_batched_tokens, long_prefill_token_threshold, max_num_partial_prefills,
+                                       block_size, row_multiple=INVARIANT_TILE_ROWS if self.paged and self.batch_invariant else 1,
+                                       short_kind="verify" if role == "target" else "decode")
         self._windows = self.net.windows() if self.paged else {}
 
     # -- sequence bookkeeping ------------------------------------------------------------------
@@ -224,8 +213,20 @@ class ModelRunner:
             self._arrivals += 1
             seq = _Sequence(sequence_id, make_generator(key, self.lm.device), self._arrivals, stream_key=key)
             self.sequences[sequence_id] = seq
-        seq.last_used = time.monotonic()
+        now = time.monotonic()
+        # a decoding sequence's next call: its round period (while nothing prefills: a chunk sized from a period
+        # that holds chunks would grow without end)
+        if seq.length and not seq.prefilling and not any(s.prefilling for s in self.sequences.values()):
+            self.scheduler.note_round(now - seq.last_used)
+        seq.last_used = now
         return seq
+
+    def decoding(self, exclude: set[str] = frozenset(), window_s: float = DECODING_WINDOW_S) -> int:
+        """Sequences decoding (called within ``window_s``, their prompts fed) apart from ``exclude``: those whose
+        next call a pass that prefills should make way for."""
+        now = time.monotonic()
+        return sum(1 for sid, s in self.sequences.items() if sid not in exclude and s.length and not s.prefilling
+                   and now - s.last_used < window_s)
 
     def get(self, sequence_id: str) -> _Sequence:
         try:
@@ -397,13 +398,21 @@ class ModelRunner:
             self.check_append(seq, new)
         unfinished: set[int] = set()
         feeds = [len(n) for n in new_token_ids]
-        if chunkable is not None and sum(feeds) > self.max_num_batched_tokens:
-            whole = sum(f for f, c in zip(feeds, chunkable) if not c)
-            take = chunk_budget([f if c else 0 for f, c in zip(feeds, chunkable)],
-                                self.max_num_batched_tokens - whole, self.block_size)
+        if chunkable is not None:
+            ids = {s.sequence_id for s in seqs}
+            take = self.scheduler.plan(feeds, chunkable, [s.created for s in seqs], self.decoding(ids) > 0)
             unfinished = {i for i, c in enumerate(chunkable) if c and take[i] < feeds[i]}
             new_token_ids = [n[:take[i]] if i in unfinished else n for i, n in enumerate(new_token_ids)]
             num_logits = [0 if i in unfinished else m for i, m in enumerate(num_logits)]
+            for i, s in enumerate(seqs):
+                s.prefilling = i in unfinished
+            if unfinished:
+                sch = self.scheduler
+                logger.debug("%s: pass of %d rows feeds %d tokens, %s of prompts (chunk %d; round period %s ms, "
+                             "%s ms per token)", self.role, len(seqs), sum(take),
+                             [take[i] for i in sorted(unfinished)], sch.prefill_chunk(),
+                             None if sch.round_period() is None else round(1e3 * sch.round_period(), 1),
+                             None if sch.seconds_per_token is None else round(1e3 * sch.seconds_per_token, 2))
         ok = self._reserve(seqs, [len(n) for n in new_token_ids])
         results: list = [(UNFINISHED if i in unfinished else None) if ok[i] else SequencePreemptedError(
             f"{self.role}: the KV cache is full; sequence {s.sequence_id!r} was preempted: resend its history")
@@ -411,6 +420,7 @@ class ModelRunner:
         rows = [i for i in range(len(seqs)) if ok[i] and new_token_ids[i]]  # a waiting prompt feeds nothing now
         if not rows:
             return results
+        began = time.monotonic()
         if self.paged:
             out = self._forward_paged([seqs[i] for i in rows], [new_token_ids[i] for i in rows],
                                       [num_logits[i] for i in rows], [bool(lazy and lazy[i]) for i in rows])
@@ -420,6 +430,7 @@ class ModelRunner:
         for i, logits in zip(rows, out):
             seqs[i].tokens.extend(new_token_ids[i])
             results[i] = UNFINISHED if i in unfinished else logits
+        self.scheduler.note_pass(sum(len(new_token_ids[i]) for i in rows), time.monotonic() - began)
         return results
 
     def _forward_paged(self, seqs: list[_Sequence], news: list[list[int]], num_logits: list[int],

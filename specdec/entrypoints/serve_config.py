@@ -34,7 +34,8 @@ LOOPBACK = "127.0.0.1"
 
 # Backend settings both backends take from one flag, and that the draft may set apart (--draft-<name>).
 DRAFT_OVERRIDABLE = ("dtype", "device", "max_sequences", "sequence_ttl_seconds", "max_batch_size", "batch_wait_ms",
-                     "lean_forward", "kv_cache_memory", "block_size", "enable_prefix_caching", "gpu_memory_utilization")
+                     "lean_forward", "kv_cache_memory", "block_size", "enable_prefix_caching", "gpu_memory_utilization",
+                     "max_num_batched_tokens", "long_prefill_token_threshold", "max_num_partial_prefills")
 # Backend settings with one value for both backends.
 BACKEND_SHARED = ("revision", "max_model_len", "num_threads", "kernels")  # revision: the target's (the draft's is a spec key)
 # Draft-service settings that are flags of serve under the same name.

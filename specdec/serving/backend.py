@@ -21,6 +21,8 @@ from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
 from specdec.suffix import SuffixCache
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING,
                                      DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_CACHE_MEMORY)
+from specdec.engine.scheduler import (DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                                      DEFAULT_MAX_NUM_PARTIAL_PREFILLS, check_budget)
 from specdec.engine.runner import (DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, DEFAULT_QUANTIZATION, ModelRunner,
                                    set_num_threads)
 from specdec.sampling import SamplingParams
@@ -83,6 +85,16 @@ class BackendConfig:
     gpu_memory_utilization: float = field(default=DEFAULT_GPU_MEMORY_UTILIZATION, metadata={
         "help": "on CUDA without --kv-cache-memory: the share of the device memory still free once the model is "
                 "loaded that its KV pool takes"})
+    # Each pass's tokens (specdec.engine.scheduler; vLLM's settings of the same names): decode and verify rows
+    # first, then prompts in chunks.
+    max_num_batched_tokens: int = field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, metadata={
+        "help": "tokens one forward pass feeds at most: decode and verify rows whole, prompts in chunks of what is left"})
+    long_prefill_token_threshold: int = field(default=DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, metadata={
+        "help": "while other sequences decode, a prompt's chunk per pass is at most this many tokens, so their rounds "
+                "never wait for a whole prompt (0: sized from what passes measured here, a chunk costing about 3 "
+                "of the decoding sequences' round periods; alone, a prompt takes the whole budget)"})
+    max_num_partial_prefills: int = field(default=DEFAULT_MAX_NUM_PARTIAL_PREFILLS, metadata={
+        "help": "prompts prefilled in the same pass while other sequences decode (the oldest first)"})
 
 
 def check_kv_settings(cfg: BackendConfig) -> None:
@@ -94,6 +106,10 @@ def check_kv_settings(cfg: BackendConfig) -> None:
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
     check_quantization(cfg.quantization)
+    try:
+        check_budget(cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold, cfg.max_num_partial_prefills)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def cpu_threads(requested: int) -> int:
@@ -161,6 +177,9 @@ class Backend:
                                   block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
                                   gpu_memory_utilization=cfg.gpu_memory_utilization,
                                   batch_invariant=cfg.batch_invariant, quantization=cfg.quantization,
+                                  max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                  long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                                  max_num_partial_prefills=cfg.max_num_partial_prefills,
                                   release_unread_weights=True)  # this service's own model: one copy of each weight
         if self.role == "draft":
             self.tli = self._tli_adapter()
@@ -184,11 +203,13 @@ class Backend:
                                          compute=self.compute,
                                          expected=self._active_sequences, max_wait_s=cfg.batch_wait_ms / 1000,
                                          defer_to_others=self.role == "draft",
+                                         decoding=self.runner.decoding if self.lm is not None else None,
                                          thread_init=lambda: set_num_threads(threads))
         self._warmup()
         self.metrics.track_cached(lambda: len(self.runner.sequences))
         if self.lm is not None:  # an n-gram draft holds no KV
             self.metrics.track_kv_cache(self.runner.kv_stats)
+            self.metrics.track_scheduler(self.runner.scheduler.stats)
         if isinstance(self.lookup, SuffixCache):
             self.metrics.track_suffix_cache(self.lookup)
         set_build_info(self.role, cfg.model if self.lm is not None else self.model_free,

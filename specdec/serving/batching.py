@@ -31,6 +31,12 @@ _STOP = object()
 BATCH_HINT_KEY = "specdec-batch"
 # how long a batch waits at most for the rest of a hinted group (a call of it may have failed en route)
 GROUP_WAIT_S = 0.05
+# Decode first: a batch holding only prompts being prefilled in chunks waits (up to this long, while the
+# compute thread is idle; behind other work queued there, at most MAX_PREFILL_YIELDS times) for the calls of
+# sequences that are decoding, so their rows ride in the chunk's pass instead of waiting for it. The decoding
+# calls arrive a hop or two after the last pass (the gateway turns a verification into the next proposal).
+PREFILL_YIELD_S = 0.03
+MAX_PREFILL_YIELDS = 4
 
 
 def parse_batch_hint(hint: str | None) -> tuple[str, int] | None:
@@ -95,6 +101,7 @@ class ContinuousBatcher(Generic[T, R]):
         expected: Callable[[], int] | None = None,
         max_wait_s: float = 0.0,
         defer_to_others: bool = False,
+        decoding: Callable[[], int] | None = None,
     ):
         self._run_batch = run_batch
         self.max_batch_size = max_batch_size
@@ -115,6 +122,11 @@ class ContinuousBatcher(Generic[T, R]):
         # it. The draft defers to the target: streams then move in one group, draft -> target.
         self.defer_to_others = defer_to_others
         self._deferred = 0
+        # How many sequences are decoding (mid round trip, their prompts fed): a batch of prefill chunks alone
+        # waits for their calls (see PREFILL_YIELD_S).
+        self._decoding = decoding
+        self._yields = 0
+        self.prefill_yields = 0  # batches of chunks that waited for decoding calls (for tests and metrics)
         self._owns_compute = compute is None
         self.compute = compute if compute is not None else ComputeThread(name, thread_init)
         self._thread = self.compute._thread
@@ -187,6 +199,9 @@ class ContinuousBatcher(Generic[T, R]):
             self.compute.submit(self._drain)  # behind the work queued now; still scheduled
             return
         self._deferred = 0
+        if self._yield_to_decoding():
+            self.compute.submit(self._drain)  # behind the work queued now; still scheduled
+            return
         batch = []
         while len(batch) < self.max_batch_size:
             try:
@@ -203,6 +218,30 @@ class ContinuousBatcher(Generic[T, R]):
         live = [(item, fut) for item, fut in batch if fut.running() or fut.set_running_or_notify_cancel()]
         if live:
             self._run(live)
+
+    def _yield_to_decoding(self) -> bool:
+        """Decode first: while only prefill chunks are queued and other sequences are decoding, wait (the compute
+        thread idle) for their calls, or let the work queued on the compute thread go first (True: the drain
+        runs again behind it)."""
+        if self._decoding is None or not self._only_prefills():
+            self._yields = 0
+            return False
+        if self._yields >= MAX_PREFILL_YIELDS or not self._decoding():
+            self._yields = 0
+            return False
+        self.prefill_yields += 1
+        give_up = time.monotonic() + PREFILL_YIELD_S
+        while self.compute.idle() and self._only_prefills() and time.monotonic() < give_up:
+            time.sleep(0.0005)
+        if not self.compute.idle() and self._only_prefills():
+            self._yields += 1
+            return True
+        self._yields = 0
+        return False
+
+    def _only_prefills(self) -> bool:
+        with self._queue.mutex:
+            return bool(self._queue.queue) and all(getattr(fut, "prefill", False) for _, fut in self._queue.queue)
 
     def _should_defer(self, want: int, max_deferrals: int = 2) -> bool:
         if not self.defer_to_others or self._deferred >= max_deferrals:
@@ -244,6 +283,7 @@ class ContinuousBatcher(Generic[T, R]):
         requeued = False
         for (item, fut), res in zip(batch, results):
             if getattr(res, "requeue", False):  # unfinished (chunked prefill): the next batch runs it again
+                fut.prefill = True  # type: ignore[attr-defined]
                 self._queue.put((item, fut))
                 requeued = True
             elif isinstance(res, BaseException):

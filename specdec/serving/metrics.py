@@ -167,6 +167,45 @@ class _KVCacheCollector:
 KV_CACHE = _KVCacheCollector()
 REGISTRY.register(KV_CACHE)
 
+
+class _SchedulerCollector(_KVCacheCollector):
+    """The services' pass schedulers (``specdec.engine.scheduler``), read from ``scheduler_stats()`` at scrape time
+    (cumulative counts kept by the scheduler itself)."""
+
+    @staticmethod
+    def _families() -> tuple:
+        return (
+            CounterMetricFamily("specdec_scheduled_tokens", "Tokens the forward passes fed, by kind: decode (a "
+                                "draft's steps), verify (verification windows), prefill (prompts, in chunks).",
+                                labels=(*LABELS, "kind")),
+            CounterMetricFamily("specdec_scheduled_passes", "Forward passes the scheduler planned (tokens per pass / "
+                                "max_num_batched_tokens is the budget's use).", labels=LABELS),
+            GaugeMetricFamily("specdec_max_num_batched_tokens", "Tokens one pass feeds at most.", labels=LABELS),
+            GaugeMetricFamily("specdec_prefill_chunk_tokens", "A long prompt's tokens per pass while other sequences "
+                              "decode (--long-prefill-token-threshold, or as measured when it is 0).", labels=LABELS),
+        )
+
+    def collect(self):
+        tokens, passes, budget, chunk = families = self._families()
+        with self._lock:
+            sources = list(self._sources.items())
+        for labels, stats in sources:
+            try:
+                st = stats()
+            except Exception as exc:  # noqa: BLE001 - a scrape must not fail for one scheduler
+                logger.debug("scheduler_stats of %s failed: %s", labels, exc)
+                continue
+            for kind, n in st["tokens"].items():
+                tokens.add_metric((*labels, kind), float(n))
+            passes.add_metric(labels, float(st["passes"]))
+            budget.add_metric(labels, float(st["max_num_batched_tokens"]))
+            chunk.add_metric(labels, float(st["prefill_chunk_tokens"]))
+        return families
+
+
+SCHEDULER = _SchedulerCollector()
+REGISTRY.register(SCHEDULER)
+
 # -- faults and load (gateway) ----------------------------------------------------------------------
 DRAFT_BREAKER_STATE = Gauge("specdec_draft_breaker_state", "The draft's circuit breaker: 0 closed (drafting), "
                             "1 half-open (probing), 2 open (verifying without drafts).", LABELS)
@@ -403,6 +442,14 @@ class ServiceMetrics:
         stats = getattr(self, "_kv_stats", None)
         if stats is not None:
             KV_CACHE.untrack(self.labels, stats)
+        stats = getattr(self, "_scheduler_stats", None)
+        if stats is not None:
+            SCHEDULER.untrack(self.labels, stats)
+
+    def track_scheduler(self, scheduler_stats: Callable[[], dict]) -> None:
+        """Expose a pass scheduler's series from ``scheduler_stats()`` at every scrape."""
+        self._scheduler_stats = scheduler_stats
+        SCHEDULER.track(self.labels, scheduler_stats)
 
     def expired(self, n: int) -> None:
         if n:

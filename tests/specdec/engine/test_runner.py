@@ -159,15 +159,6 @@ def test_prompt_logprobs_score_every_position_even_when_the_prefix_is_cached(tar
     assert len(res.prompt_logprobs) == len(prompt) - 1
 
 
-def test_chunk_budget_takes_short_feeds_whole_and_splits_one_long_feed():
-    from specdec.engine.runner import chunk_budget
-
-    assert chunk_budget([2, 2, 3], 512, 16) == [2, 2, 3]
-    assert chunk_budget([2, 1000, 3, 900], 512, 16) == [2, 0, 3, 507]  # the shorter prompt first
-    assert chunk_budget([600, 2], 1, 16) == [0, 2]  # a pass always makes progress
-    assert chunk_budget([600], 0, 16) == [16]
-
-
 def test_a_long_prompt_is_prefilled_in_chunks_beside_short_rows_with_the_same_logits(target_lm):
     from specdec.engine.runner import UNFINISHED
 

@@ -371,3 +371,59 @@ def test_batch_wait_zero_never_guesses(make):
     assert b.submit(1).result(5) == 10
     assert b.submit(2).result(5) == 20
     assert rec.batches == [[1], [2]]
+
+
+class Chunked:
+    """A run_batch where item "prompt" needs ``chunks`` passes (UNFINISHED-style requeue until then); after each
+    prompt-only pass, ``after_pass`` runs (a decoding sequence's call arriving a hop later)."""
+
+    class _Requeue:
+        requeue = True
+
+    def __init__(self, chunks: int, after_pass=None):
+        self.left, self.batches, self.after_pass = chunks, [], after_pass
+
+    def __call__(self, items):
+        import time
+
+        self.batches.append(sorted(items))
+        time.sleep(0.02)  # a chunk's pass
+        out = []
+        for x in items:
+            if x == "prompt":
+                self.left -= 1
+                out.append(self._Requeue() if self.left else "prefilled")
+            else:
+                out.append(x)
+        if items == ["prompt"] and self.after_pass is not None:
+            self.after_pass()
+        return out
+
+
+@pytest.mark.parametrize("decoding", [1, 0])
+def test_prefill_chunks_wait_for_decoding_calls_to_ride_with_them(make, decoding):
+    """Decode first: a decoding call that arrives a few ms after a chunk's pass runs in the next pass, beside the
+    next chunk, instead of waiting for a chunk-only pass (with nothing decoding, chunks run back to back)."""
+    import time
+
+    arrivals = []
+
+    def decode_call_soon():
+        if len(arrivals) < 3:
+            name = f"decode-{len(arrivals) + 1}"
+            arrivals.append(threading.Timer(0.005, lambda: (run.batches.append(f"{name} arrives"), b.submit(name))))
+            arrivals[-1].start()
+
+    run = Chunked(6, after_pass=decode_call_soon if decoding else None)
+    b = make(run, decoding=lambda: decoding)
+    assert b.submit("prompt").result(30) == "prefilled"
+    if decoding:
+        time.sleep(0.1)
+        # every decoding call ran in the pass right after it arrived, beside a chunk (no chunk-only pass began
+        # while it was on its way: it never waited for one)
+        for i in (1, 2, 3):
+            at = run.batches.index(f"decode-{i} arrives")
+            assert run.batches[at - 1] == ["prompt"] and run.batches[at + 1] == [f"decode-{i}", "prompt"]
+        assert b.prefill_yields >= 3
+    else:
+        assert run.batches == [["prompt"]] * 6 and b.prefill_yields == 0
