@@ -18,13 +18,18 @@ float32 in both paths.
 
 The Triton kernel runs one program per (new token, head): an online softmax (flash-attention style) over the
 sequence's key blocks, taken in order through its block table, from the first block the window reaches to the
-block holding the query's own position. That makes it batch-invariant: a query's output depends on its q, its
-sequence's keys and values and its position only, never on the rest of the pass (alone as a decode, in a window
-of its sequence, beside other sequences: bitwise equal, tests/kernels/test_batch_invariant.py). Its reductions
-take the K/V tiles' layout, so q's alignment does not change them either (an sm_90 compile with and without q
-16-byte aligned gives the same layouts). Triton is imported and the kernel jit-decorated on first use, not at
-import, so the engine can import this module (for the reference and ``paged_attention``) before
-``kernels.dispatch`` has chosen Triton's interpreter for a CPU.
+block holding the query's own position. The keys are reduced in splits of ``split_keys(block_size)`` keys (512)
+at fixed absolute positions: each split's softmax starts afresh, and the splits are merged in order. A pass of
+few queries (decodes, verify windows: ``PARALLEL_SPLITS_MAX_TOKENS``) runs one program per (token, head, split)
+instead, then a merge program per (token, head) that merges the splits in the same order (flash-decoding,
+vLLM's paged attention v2): a long history is spread over the GPU's cores, and, because the split points and
+the merge are the same arithmetic in both modes, a query's output is bitwise the same either way. That makes
+it batch-invariant: a query's output depends on its q, its sequence's keys and values and its position only,
+never on the rest of the pass (alone as a decode, in a window of its sequence, beside other sequences: bitwise
+equal, tests/kernels/test_batch_invariant.py). Its reductions take the K/V tiles' layout, so q's alignment does
+not change them either (an sm_90 compile with and without q 16-byte aligned gives the same layouts). Triton is
+imported and the kernel jit-decorated on first use, not at import, so the engine can import this module (for
+the reference and ``paged_attention``) before ``kernels.dispatch`` has chosen Triton's interpreter for a CPU.
 """
 
 from __future__ import annotations
@@ -93,11 +98,22 @@ def paged_attention_reference(
     return out
 
 
+# keys per split (rounded to whole blocks): a query's keys are reduced in splits at multiples of this position
+SPLIT_KEYS = 512
+# a pass of at most this many new tokens runs its splits as programs of their own (then a merge program)
+PARALLEL_SPLITS_MAX_TOKENS = 64
+
+
+def split_keys(block_size: int) -> int:
+    return max(1, SPLIT_KEYS // block_size) * block_size
+
+
 def _paged_attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, ctx_ptr, qsl_ptr, seq_of_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, ctx_ptr, qsl_ptr, seq_of_ptr, part_ptr,
     q_t, q_h, q_d, k_h, k_s, k_d, v_h, v_s, v_d, o_t, o_h, table_stride,
-    scale, window, group, head_dim, block_size,
-    HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    scale, window, group, head_dim, block_size, max_splits,
+    HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
+    PARALLEL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)  # the new token
     h = tl.program_id(1).to(tl.int64)  # its head
@@ -112,28 +128,86 @@ def _paged_attention_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     q = tl.load(q_ptr + t * q_t + h * q_h + d * q_d, mask=d_ok, other=0.0).to(tl.float32) * scale  # [BLOCK_D]
-    m = tl.full((), float("-inf"), tl.float32)  # running max of the scores
-    l = tl.full((), 0.0, tl.float32)            # running sum of exp(score - m)
-    acc = tl.zeros((BLOCK_D,), tl.float32)      # running sum of exp(score - m) * v
     slot = tl.arange(0, BLOCK_N)
-    for b in range(lo // block_size, pos // block_size + 1):  # logical blocks, in order
-        physical = tl.load(tables_ptr + seq * table_stride + b).to(tl.int64)
-        k_pos = b * block_size + slot                                        # [BLOCK_N]
-        ok = (slot < block_size) & (k_pos <= pos) & (k_pos >= lo)            # [BLOCK_N]
-        row = physical * block_size + slot                                   # [BLOCK_N] rows of the pool
-        mask = ok[:, None] & d_ok[None, :]                                   # [BLOCK_N, BLOCK_D]
-        k = tl.load(k_ptr + kv_h * k_h + row[:, None] * k_s + d[None, :] * k_d, mask=mask, other=0.0)
-        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)                    # [BLOCK_N]
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while nothing is seen yet
-        alpha = tl.exp(m - m_safe)
-        p = tl.exp(s - m_safe)                                               # [BLOCK_N], 0 where masked
-        v = tl.load(v_ptr + kv_h * v_h + row[:, None] * v_s + d[None, :] * v_d, mask=mask, other=0.0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)    # [BLOCK_D]
-        l = l * alpha + tl.sum(p, axis=0)
-        m = m_new
-    tl.store(out_ptr + t * o_t + h * o_h + d, (acc / l).to(out_ptr.dtype.element_ty), mask=d_ok)
+    first_split = lo // block_size // SPLIT_BLOCKS
+    last_split = pos // block_size // SPLIT_BLOCKS
+    if PARALLEL:  # this program: one split (relative to the query's first); the merge program combines them
+        first_split = first_split + tl.program_id(2)
+        last_split = tl.minimum(first_split, last_split)  # past the query's last split: nothing to do
+    big_m = tl.full((), float("-inf"), tl.float32)  # the merged splits: max, sum of exp, weighted values
+    big_l = tl.full((), 0.0, tl.float32)
+    big_acc = tl.zeros((BLOCK_D,), tl.float32)
+    for sp in range(first_split, last_split + 1):
+        m = tl.full((), float("-inf"), tl.float32)  # running max of the split's scores
+        l = tl.full((), 0.0, tl.float32)            # running sum of exp(score - m)
+        acc = tl.zeros((BLOCK_D,), tl.float32)      # running sum of exp(score - m) * v
+        b0 = tl.maximum(sp * SPLIT_BLOCKS, lo // block_size)
+        b1 = tl.minimum((sp + 1) * SPLIT_BLOCKS, pos // block_size + 1)
+        for b in range(b0, b1):  # logical blocks, in order
+            physical = tl.load(tables_ptr + seq * table_stride + b).to(tl.int64)
+            k_pos = b * block_size + slot                                        # [BLOCK_N]
+            ok = (slot < block_size) & (k_pos <= pos) & (k_pos >= lo)            # [BLOCK_N]
+            row = physical * block_size + slot                                   # [BLOCK_N] rows of the pool
+            mask = ok[:, None] & d_ok[None, :]                                   # [BLOCK_N, BLOCK_D]
+            k = tl.load(k_ptr + kv_h * k_h + row[:, None] * k_s + d[None, :] * k_d, mask=mask, other=0.0)
+            s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)                    # [BLOCK_N]
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while nothing is seen yet
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(s - m_safe)                                               # [BLOCK_N], 0 where masked
+            v = tl.load(v_ptr + kv_h * v_h + row[:, None] * v_s + d[None, :] * v_d, mask=mask, other=0.0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)    # [BLOCK_D]
+            l = l * alpha + tl.sum(p, axis=0)
+            m = m_new
+        if PARALLEL:  # the split's (m, l, acc) for the merge program
+            base = part_ptr + ((t * tl.num_programs(1) + h) * max_splits + tl.program_id(2)) * (BLOCK_D + 2)
+            tl.store(base, m)
+            tl.store(base + 1, l)
+            tl.store(base + 2 + d, acc)
+        else:  # merged in order (every split holds a key the query sees: m is finite); as _merge_kernel does
+            m_all = tl.maximum(big_m, m)
+            a = tl.exp(big_m - m_all)
+            w = tl.exp(m - m_all)
+            big_acc = big_acc * a + acc * w
+            big_l = big_l * a + l * w
+            big_m = m_all
+    if not PARALLEL:
+        tl.store(out_ptr + t * o_t + h * o_h + d, (big_acc / big_l).to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _merge_kernel(
+    out_ptr, ctx_ptr, qsl_ptr, seq_of_ptr, part_ptr, o_t, o_h, window, head_dim, block_size, max_splits,
+    HAS_WINDOW: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
+):
+    """Per (token, head): the splits' partial results merged in order, the same arithmetic as the one-program
+    kernel's merge (so the output is the same bits)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    seq = tl.load(seq_of_ptr + t)
+    q_start = tl.load(qsl_ptr + seq)
+    n_new = tl.load(qsl_ptr + seq + 1) - q_start
+    pos = tl.load(ctx_ptr + seq) - n_new + (t - q_start)
+    lo = pos * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(pos - window + 1, 0)
+    d = tl.arange(0, BLOCK_D)
+    splits = pos // block_size // SPLIT_BLOCKS - lo // block_size // SPLIT_BLOCKS + 1
+    big_m = tl.full((), float("-inf"), tl.float32)
+    big_l = tl.full((), 0.0, tl.float32)
+    big_acc = tl.zeros((BLOCK_D,), tl.float32)
+    for i in range(0, splits):
+        base = part_ptr + ((t * tl.num_programs(1) + h) * max_splits + i) * (BLOCK_D + 2)
+        m = tl.load(base)
+        l = tl.load(base + 1)
+        acc = tl.load(base + 2 + d)
+        m_all = tl.maximum(big_m, m)
+        a = tl.exp(big_m - m_all)
+        w = tl.exp(m - m_all)
+        big_acc = big_acc * a + acc * w
+        big_l = big_l * a + l * w
+        big_m = m_all
+    tl.store(out_ptr + t * o_t + h * o_h + d, (big_acc / big_l).to(out_ptr.dtype.element_ty), mask=d < head_dim)
 
 
 @functools.cache
@@ -145,7 +219,7 @@ def _kernel():
     import triton.language
 
     tl = triton.language
-    return triton.jit(_paged_attention_kernel)
+    return triton.jit(_paged_attention_kernel), triton.jit(_merge_kernel)
 
 
 def paged_attention_triton(
@@ -158,10 +232,12 @@ def paged_attention_triton(
     block_size: int,
     scale: float,
     window: int | None = None,
+    parallel: bool | None = None,
 ) -> torch.Tensor:                  # [tokens, heads, dim], q's dtype
     """Triton twin of ``paged_attention_reference``, without host syncs (so the sequences' lengths are not
     checked: each needs ``new tokens <= context_lens[s] <= its blocks * block_size``). On a CPU it runs in
-    Triton's interpreter."""
+    Triton's interpreter. ``parallel``: one program per split, then the merge (None: for a pass of few tokens
+    over more than one split; the output is the same bits either way)."""
     _check(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, window)
     if q.device.type != "cuda":
         from kernels.dispatch import use_interpreter
@@ -180,13 +256,25 @@ def paged_attention_triton(
     ctx = context_lens.to(torch.int32).contiguous()
     token = torch.arange(tokens, dtype=torch.int32, device=q.device)
     seq_of = torch.searchsorted(qsl[1:], token, right=True, out_int32=True)  # [tokens] each token's sequence
-    _kernel()[(tokens, heads)](
-        q, k_pool, v_pool, out, tables, ctx, qsl, seq_of,
+    split_blocks = split_keys(block_size) // block_size
+    max_splits = -(-tables.shape[1] // split_blocks)  # from the tables' width: no host sync
+    if parallel is None:
+        parallel = tokens <= PARALLEL_SPLITS_MAX_TOKENS and max_splits > 1
+    block_d = triton.next_power_of_2(dim)
+    part = torch.empty((tokens, heads, max_splits, block_d + 2) if parallel else (1,), dtype=torch.float32,
+                       device=q.device)
+    attend, merge = _kernel()
+    attend[(tokens, heads, max_splits if parallel else 1)](
+        q, k_pool, v_pool, out, tables, ctx, qsl, seq_of, part,
         *q.stride(), *k_pool.stride(), *v_pool.stride(), out.stride(0), out.stride(1), tables.stride(0),
-        float(scale), int(window or 0), heads // k_pool.shape[0], dim, block_size,
-        HAS_WINDOW=window is not None, BLOCK_N=triton.next_power_of_2(block_size),
-        BLOCK_D=triton.next_power_of_2(dim),
+        float(scale), int(window or 0), heads // k_pool.shape[0], dim, block_size, max_splits,
+        HAS_WINDOW=window is not None, BLOCK_N=triton.next_power_of_2(block_size), BLOCK_D=block_d,
+        SPLIT_BLOCKS=split_blocks, PARALLEL=parallel,
     )
+    if parallel:
+        merge[(tokens, heads)](out, ctx, qsl, seq_of, part, out.stride(0), out.stride(1), int(window or 0), dim,
+                               block_size, max_splits, HAS_WINDOW=window is not None, BLOCK_D=block_d,
+                               SPLIT_BLOCKS=split_blocks)
     return out
 
 

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-# (module, kernel, signature, constexprs)
+# (module, kernel, signature, constexprs[, a label telling two compiles of one kernel apart])
 KERNELS = [
     ("kernels.rejection", "_argmax_kernel",
      {"x_ptr": "*fp32", "rows_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32", "stride": "i64", "BLOCK": "constexpr"},
@@ -31,13 +31,22 @@ KERNELS = [
     ("kernels.logits", "_temperature_softmax_kernel",
      {"x_ptr": "*fp32", "t_ptr": "*fp32", "out_ptr": "*fp32", "stride": "i64", "vocab": "i32", "BLOCK": "constexpr"},
      {"BLOCK": 4096}),
-    ("kernels.paged_attention", "_kernel()",
-     {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "tables_ptr": "*i32", "ctx_ptr": "*i32",
-      "qsl_ptr": "*i32", "seq_of_ptr": "*i32", **{s: "i32" for s in ("q_t", "q_h", "q_d", "k_h", "k_s", "k_d", "v_h",
-                                                                      "v_s", "v_d", "o_t", "o_h", "table_stride")},
-      "scale": "fp32", "window": "i32", "group": "i32", "head_dim": "i32", "block_size": "i32",
-      "HAS_WINDOW": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"},
-     {"HAS_WINDOW": True, "BLOCK_N": 16, "BLOCK_D": 64}),
+    *[("kernels.paged_attention", "_kernel()[0]",
+       {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "tables_ptr": "*i32",
+        "ctx_ptr": "*i32", "qsl_ptr": "*i32", "seq_of_ptr": "*i32", "part_ptr": "*fp32",
+        **{s: "i32" for s in ("q_t", "q_h", "q_d", "k_h", "k_s", "k_d", "v_h", "v_s", "v_d", "o_t", "o_h",
+                              "table_stride")},
+        "scale": "fp32", "window": "i32", "group": "i32", "head_dim": "i32", "block_size": "i32", "max_splits": "i32",
+        "HAS_WINDOW": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr", "SPLIT_BLOCKS": "constexpr",
+        "PARALLEL": "constexpr"},
+       {"HAS_WINDOW": True, "BLOCK_N": 16, "BLOCK_D": 64, "SPLIT_BLOCKS": 32, "PARALLEL": parallel},
+       "splits" if parallel else "")
+      for parallel in (False, True)],
+    ("kernels.paged_attention", "_kernel()[1]",
+     {"out_ptr": "*bf16", "ctx_ptr": "*i32", "qsl_ptr": "*i32", "seq_of_ptr": "*i32", "part_ptr": "*fp32",
+      "o_t": "i32", "o_h": "i32", "window": "i32", "head_dim": "i32", "block_size": "i32", "max_splits": "i32",
+      "HAS_WINDOW": "constexpr", "BLOCK_D": "constexpr", "SPLIT_BLOCKS": "constexpr"},
+     {"HAS_WINDOW": True, "BLOCK_D": 64, "SPLIT_BLOCKS": 32}),
     *[("kernels.batch_invariant", "_kernels()[0]",
        {"x_ptr": dtype, "w_ptr": dtype, "b_ptr": dtype, "out_ptr": dtype,
         **{s: "i32" for s in ("M", "N", "K", "x_m", "x_k", "w_n", "w_k", "o_m", "o_n")},
@@ -71,7 +80,7 @@ def main() -> int:
     from triton.compiler import ASTSource
 
     report = {}
-    for module, name, signature, constexprs in KERNELS:
+    for module, name, signature, constexprs, *label in KERNELS:
         if sys.argv[1:] and module not in sys.argv[1:]:
             continue
         fn = _kernel(module, name)
@@ -85,6 +94,7 @@ def main() -> int:
             raise
         ptx = compiled.asm.get("ptx", "")
         key = fn.__name__ + ("" if name == fn.__name__ else f"[{signature[next(iter(signature))].lstrip('*')}]")
+        key += f"[{label[0]}]" if label and label[0] else ""
         report[key] = {"cubin": bool(compiled.asm.get("cubin")), "div_rn": "div.rn.f32" in ptx,
                        "div_full": "div.full.f32" in ptx, "sqrt_rn": "sqrt.rn.f32" in ptx, "wgmma": "wgmma." in ptx,
                        "tf32": ".tf32" in ptx, "atomics": bool(re.search(r"\b(atom|red)\.", ptx))}

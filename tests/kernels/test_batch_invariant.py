@@ -120,7 +120,7 @@ def test_misaligned_views_are_copied_before_launch():
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the GPU compiles them for real (tests/kernels/test_cuda.py)")
 def test_kernels_compile_for_sm90_without_a_gpu():
-    """matmul, rms_norm and paged attention compile ahead of time for an H100/H200 (tests/kernels/aot.py, without
+    """matmul, rms_norm and paged attention (one program per query, or per split plus the merge) compile ahead of time for an H100/H200 (tests/kernels/aot.py, without
     the interpreter): bf16 on wgmma, fp32 without TF32, no atomics (nothing is summed across programs), the RMS
     norm's divisions and square root correctly rounded."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -132,7 +132,8 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(report) == {"_matmul_kernel[bf16]", "_matmul_kernel[fp32]", "_rms_norm_kernel[bf16]",
-                           "_paged_attention_kernel[bf16]"}, report
+                           "_paged_attention_kernel[bf16]", "_paged_attention_kernel[bf16][splits]",
+                           "_merge_kernel[bf16]"}, report
     assert all(r["cubin"] and not r["atomics"] for r in report.values()), report
     assert report["_matmul_kernel[bf16]"]["wgmma"], report
     assert not report["_matmul_kernel[fp32]"]["tf32"] and not report["_matmul_kernel[fp32]"]["wgmma"], report
@@ -263,6 +264,24 @@ def test_paged_attention_queries_are_batch_invariant(dtype, window):
     for p, spans in enumerate(PASSES):
         got = _attend(universe, spans, window, seed=100 + p)
         for (s, pos), value in got.items():
+            if (s, pos) not in alone:
+                alone.update(_attend(universe, [(s, pos, 1)], window, seed=pos))
+            assert torch.equal(value, alone[(s, pos)]), f"pass {spans}: sequence {s} position {pos} differs"
+
+
+@pytest.mark.parametrize("window", [None, 8], ids=["full", "window8"])
+def test_split_keys_keep_queries_batch_invariant_whichever_mode_a_pass_takes(window, monkeypatch):
+    """Keys reduced in splits of 16 (several per query here): the passes of at most 5 tokens run one program
+    per split and a merge (flash-decoding), the bigger ones one program per query; a query's output is the same
+    bits in both, and as a decode alone."""
+    import kernels.paged_attention as pa
+
+    monkeypatch.setattr(pa, "SPLIT_KEYS", 16)
+    monkeypatch.setattr(pa, "PARALLEL_SPLITS_MAX_TOKENS", 5)
+    universe = _universe(torch.float32)
+    alone: dict = {}
+    for p, spans in enumerate(PASSES[:4] + PASSES[6:8]):
+        for (s, pos), value in _attend(universe, spans, window, seed=100 + p).items():
             if (s, pos) not in alone:
                 alone.update(_attend(universe, [(s, pos, 1)], window, seed=pos))
             assert torch.equal(value, alone[(s, pos)]), f"pass {spans}: sequence {s} position {pos} differs"

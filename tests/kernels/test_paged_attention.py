@@ -115,6 +115,24 @@ def test_triton_odd_sizes():
     torch.testing.assert_close(got, paged_attention_reference(*args, window=7), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 20])
+def test_split_keys_one_program_per_split_then_a_merge_is_the_same_bits(window, monkeypatch):
+    """Flash-decoding: with splits of 16 keys (several per query), the pass run as one program per (token, head,
+    split) and a merge program equals the one-program pass bit for bit, and both the reference."""
+    import kernels.paged_attention as pa
+
+    monkeypatch.setattr(pa, "SPLIT_KEYS", 16)
+    seqs = [(1, 1), (2, 41), (3, 33)]  # up to 3 splits per query
+    args, kvs = make_case(8, 4, 2, 16, torch.float32, seed=5, seqs=seqs)
+    split = paged_attention_triton(*args, window=window, parallel=True)
+    whole = paged_attention_triton(*args, window=window, parallel=False)
+    assert torch.equal(split, whole)
+    torch.testing.assert_close(split.cpu(), sdpa_per_query(args, kvs, window, seqs), atol=2e-5, rtol=1e-5)
+    monkeypatch.setattr(pa, "SPLIT_KEYS", 512)  # one split per query: the same bits as ever
+    assert torch.equal(paged_attention_triton(*args, window=window, parallel=True),
+                       paged_attention_triton(*args, window=window, parallel=False))
+
+
 def test_dispatch(monkeypatch):
     import kernels.paged_attention as pa
 
