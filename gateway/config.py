@@ -72,6 +72,9 @@ class GatewayConfig:
                                                               "refused at once (HTTP 429 / RESOURCE_EXHAUSTED)"})
     max_queue_time_seconds: float | None = field(default=60.0, metadata={"help": "longest wait for a slot before the "
                                                                                  "request is refused (none: no limit)"})
+    scheduling_policy: str = field(default="fcfs", metadata={
+        "help": "the order in which waiting sequences get a slot: fcfs (first come, first served) or priority (a "
+                "request's priority field, lower first, then arrival; vLLM's --scheduling-policy)"})
     max_n: int = field(default=16, metadata={"help": "most outputs (n) one request may ask for"})
     max_request_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request: HTTP body "
                                                                                   "(past it 413), gRPC message "

@@ -29,6 +29,7 @@ from specdec.serving.metrics import SequenceMetrics, init_gateway_series, set_bu
 from specdec.serving.tls import channel_security
 
 logger = logging.getLogger(__name__)
+SCHEDULING_POLICIES = ("fcfs", "priority")  # --scheduling-policy (vLLM's)
 request_log = logging.getLogger("specdec.requests")  # one line per finished sequence
 CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog. A round's cost is measured on this text."
 
@@ -64,6 +65,9 @@ class Gateway:
         self.draft = (_client(config.draft_addr, lambda addr: own_deadline(
                               RemoteDraft(addr, config.draft_sample_method, timeout, security)), refresh)
                       if config.draft_addr else None)
+        if config.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, got "
+                              f"{config.scheduling_policy!r}")
         self.admission = Admission(config.max_concurrent_requests, config.max_queue_len, config.max_queue_time_seconds)
         try:
             self.target_info = self.target.get_info(config.startup_timeout_seconds)
@@ -213,7 +217,12 @@ class Gateway:
     def tokenize(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt).input_ids)
 
-    def new_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> SequenceState:
+    def new_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                     priority: int = 0) -> SequenceState:
+        if priority and self.config.scheduling_policy != "priority":
+            raise InvalidRequestError(f"priority={priority} needs a server started with --scheduling-policy priority "
+                                      f"(this one schedules {self.config.scheduling_policy}); send priority 0 or "
+                                      "leave it out", param="priority")
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -249,6 +258,7 @@ class Gateway:
                             eos_token_ids=self.eos_token_ids, max_model_len=max_len, constraint=constraint)
         # the reservation goes back if the sequence is dropped without being streamed
         seq.admission_ticket = weakref.finalize(seq, self.admission.cancel)
+        seq.priority = priority
         if request_id:
             seq.sequence_id = f"{request_id}-{seq.sequence_id[:8]}"
         return seq
@@ -316,7 +326,7 @@ class Gateway:
         def size() -> int:
             return len(seq.token_ids)
 
-        self.admission.start(size)
+        self.admission.start(size, seq.priority)
         return size
 
     def _log_finished(self, seq: SequenceState, seq_metrics: SequenceMetrics) -> None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -233,6 +234,8 @@ class Admission:
         self.running = 0
         self.waiting = 0
         self._sizes: list[Callable[[], int]] = []  # each running sequence's tokens (those that said)
+        self._queue: dict[tuple[int, int], Callable[[], int] | None] = {}  # waiting in start(): (priority, arrival)
+        self._arrivals = itertools.count()
 
     def kv_tokens(self) -> int:
         """The running sequences' tokens now."""
@@ -244,6 +247,12 @@ class Admission:
         if size is None or budget <= 0 or self.running == 0:
             return True
         return sum(s() for s in self._sizes) + size() <= budget
+
+    def _may_start(self, ticket: tuple[int, int], size: Callable[[], int] | None) -> bool:
+        """A free slot, KV room, and no sequence ahead in the queue that could start now."""
+        if self.running >= self.max_running or not self._kv_room(size):
+            return False
+        return not any(t < ticket and self._kv_room(s) for t, s in self._queue.items())
 
     def reserve(self, n: int) -> None:
         """Take ``n`` places in the queue, or refuse the request at once (429)."""
@@ -257,15 +266,20 @@ class Admission:
                     "retry shortly")
             self.waiting += n
 
-    def start(self, size: Callable[[], int] | None = None) -> None:
+    def start(self, size: Callable[[], int] | None = None, priority: int = 0) -> None:
         """Leave the queue for a running slot, waiting up to max_queue_time; a reservation must exist.
-        ``size()``: the sequence's tokens (it waits for room in the KV budget too); give it to ``finish``."""
+        ``size()``: the sequence's tokens (it waits for room in the KV budget too); give it to ``finish``.
+        Waiting sequences start in order: the lowest ``priority`` first (0 for all under fcfs), then arrival; one
+        that waits for KV room lets those behind it that fit go first."""
         with self._cond:
             deadline = None if self.max_queue_time is None else time.monotonic() + self.max_queue_time
-            while self.running >= self.max_running or not self._kv_room(size):
+            ticket = (priority, next(self._arrivals))
+            self._queue[ticket] = size
+            while not self._may_start(ticket, size):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     self.waiting -= 1
+                    del self._queue[ticket]
                     self._cond.notify_all()
                     if self.running < self.max_running:  # the slots were free: the KV cache was not
                         self.on_refused("kv_cache")
@@ -278,6 +292,8 @@ class Admission:
                     raise ResourceExhaustedError(
                         f"waited {self.max_queue_time:g} s for a free slot (--max-queue-time-seconds); retry shortly")
                 self._cond.wait(remaining)
+            del self._queue[ticket]
+            self._cond.notify_all()  # the next in line may fit too
             self.waiting -= 1
             self.running += 1
             if size is not None:

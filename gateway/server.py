@@ -81,7 +81,7 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
                              stop_token_ids=[*request.stop_token_ids, *penalties.stop_token_ids],
                              logit_bias=penalties.logit_bias)
         ids = list(request.prompt_token_ids) or self.gateway.tokenize(request.prompt)
-        return self.gateway.new_sequence(ids, params, request.request_id or None)
+        return self.gateway.new_sequence(ids, params, request.request_id or None, priority=request.priority)
 
     @map_stream_errors
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):

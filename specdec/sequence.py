@@ -61,6 +61,7 @@ class SequenceState:
     sequence_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     arrival_time: float = field(default_factory=time.monotonic)  # when the request arrived (monotonic clock)
     output_index: int = 0  # which of a request's n outputs this is
+    priority: int = 0  # with --scheduling-policy priority: lower starts first (vLLM's request priority)
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None  # "stop" | "length" | "abort"

@@ -100,6 +100,7 @@ class OpenAIRequest(RequestBody):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # extension (vLLM's)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension (vLLM's)
     allowed_token_ids: list[int] | None = None  # extension (vLLM's)
+    priority: int = Field(default=0, ge=-2**31, lt=2**31)  # extension (vLLM's): --scheduling-policy priority
 
     def num_logprobs(self) -> int | None:
         """Top logprobs per generated token (None: no logprobs)."""

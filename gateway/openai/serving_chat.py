@@ -27,7 +27,7 @@ class OpenAIServingChat(OpenAIServing):
         ids = self.chat_prompt(body.messages, tools=plan.tools if plan else None)
         params = body.to_sampling_params(body.max_completion_tokens or body.max_tokens, plan and plan.grammar())
         try:
-            seqs = [self.new_sequence(ids, params, i) for i in range(body.n)]
+            seqs = [self.new_sequence(ids, params, i, body.priority) for i in range(body.n)]
         except InvalidRequestError as exc:  # name the field the request used
             if exc.param == "max_tokens" and body.max_completion_tokens is not None:
                 exc.param = "max_completion_tokens"

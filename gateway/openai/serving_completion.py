@@ -35,10 +35,11 @@ class OpenAIServingCompletion(OpenAIServing):
         params = body.to_sampling_params(1 if prompt_only else body.max_tokens)
         if body.max_tokens is None:  # OpenAI's default of 16, or what the context leaves if that is less
             seqs = [self.new_sequence(ids, params.clone(max_tokens=max(1, min(DEFAULT_MAX_TOKENS,
-                                                                            self.gateway.max_model_len - len(ids)))), i)
+                                                                            self.gateway.max_model_len - len(ids)))), i,
+                                       body.priority)
                     for ids in prompts for i in range(body.n)]
         else:
-            seqs = [self.new_sequence(ids, params, i) for ids in prompts for i in range(body.n)]
+            seqs = [self.new_sequence(ids, params, i, body.priority) for ids in prompts for i in range(body.n)]
         texts = [self.gateway.tokenizer.decode(ids) for ids in prompts] if body.echo else None
         rid = f"cmpl-{uuid.uuid4().hex}"
         k = body.num_speculative_tokens

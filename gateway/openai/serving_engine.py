@@ -42,10 +42,10 @@ class OpenAIServing:
         if getattr(body, "top_logprobs", None) is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
 
-    def new_sequence(self, ids: list[int], params: SamplingParams, index: int) -> SequenceState:
+    def new_sequence(self, ids: list[int], params: SamplingParams, index: int, priority: int = 0) -> SequenceState:
         """Output ``index`` of a request; with n > 1 and a seed, each output gets its own seed."""
         if params.seed is not None and index:
             params = params.clone(seed=output_seed(params.seed, index))  # n > 1: distinct, reproducible samples
-        seq = self.gateway.new_sequence(ids, params)
+        seq = self.gateway.new_sequence(ids, params, priority=priority)
         seq.output_index = index
         return seq

@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#specdec/v1/generation_service.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xdb\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x12#\n\x16num_speculative_tokens\x18\n \x01(\rH\x01\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0b \x01(\rH\x02\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0c \x01(\rH\x03\x88\x01\x01\x12\x39\n\x12structured_outputs\x18\r \x01(\x0b\x32\x1d.specdec.v1.StructuredOutputsB\r\n\x0b_max_tokensB\x19\n\x17_num_speculative_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xb0\x01\n\x11StructuredOutputs\x12\x0e\n\x04json\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x16.specdec.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xca\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12*\n\x05stats\x18\x06 \x01(\x0b\x32\x1b.specdec.v1.SpecDecodeStats\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12*\n\x08logprobs\x18\t \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12\x31\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\"\xa2\x01\n\x16GetServingInfoResponse\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12$\n\x05\x64raft\x18\x02 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x1b\n\x13\x64raft_sample_method\x18\x04 \x01(\t*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xa7\x01\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12I\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\".specdec.v1.GetServingInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#specdec/v1/generation_service.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xed\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x12#\n\x16num_speculative_tokens\x18\n \x01(\rH\x01\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0b \x01(\rH\x02\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0c \x01(\rH\x03\x88\x01\x01\x12\x39\n\x12structured_outputs\x18\r \x01(\x0b\x32\x1d.specdec.v1.StructuredOutputs\x12\x10\n\x08priority\x18\x0e \x01(\x05\x42\r\n\x0b_max_tokensB\x19\n\x17_num_speculative_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xb0\x01\n\x11StructuredOutputs\x12\x0e\n\x04json\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x16.specdec.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xca\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12*\n\x05stats\x18\x06 \x01(\x0b\x32\x1b.specdec.v1.SpecDecodeStats\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12*\n\x08logprobs\x18\t \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12\x31\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\"\xa2\x01\n\x16GetServingInfoResponse\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12$\n\x05\x64raft\x18\x02 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x1b\n\x13\x64raft_sample_method\x18\x04 \x01(\t*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xa7\x01\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12I\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\".specdec.v1.GetServingInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.generation_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1262
-  _globals['_FINISHREASON']._serialized_end=1357
+  _globals['_FINISHREASON']._serialized_start=1280
+  _globals['_FINISHREASON']._serialized_end=1375
   _globals['_GENERATEREQUEST']._serialized_start=77
-  _globals['_GENERATEREQUEST']._serialized_end=552
-  _globals['_STRUCTUREDOUTPUTS']._serialized_start=555
-  _globals['_STRUCTUREDOUTPUTS']._serialized_end=731
-  _globals['_CHOICELIST']._serialized_start=733
-  _globals['_CHOICELIST']._serialized_end=762
-  _globals['_GENERATERESPONSE']._serialized_start=765
-  _globals['_GENERATERESPONSE']._serialized_end=1095
-  _globals['_GETSERVINGINFORESPONSE']._serialized_start=1098
-  _globals['_GETSERVINGINFORESPONSE']._serialized_end=1260
-  _globals['_GENERATIONSERVICE']._serialized_start=1360
-  _globals['_GENERATIONSERVICE']._serialized_end=1527
+  _globals['_GENERATEREQUEST']._serialized_end=570
+  _globals['_STRUCTUREDOUTPUTS']._serialized_start=573
+  _globals['_STRUCTUREDOUTPUTS']._serialized_end=749
+  _globals['_CHOICELIST']._serialized_start=751
+  _globals['_CHOICELIST']._serialized_end=780
+  _globals['_GENERATERESPONSE']._serialized_start=783
+  _globals['_GENERATERESPONSE']._serialized_end=1113
+  _globals['_GETSERVINGINFORESPONSE']._serialized_start=1116
+  _globals['_GETSERVINGINFORESPONSE']._serialized_end=1278
+  _globals['_GENERATIONSERVICE']._serialized_start=1378
+  _globals['_GENERATIONSERVICE']._serialized_end=1545
 # @@protoc_insertion_point(module_scope)
