@@ -464,7 +464,7 @@ def load_model(
     path, kwargs = resolve_model_path(name, revision)
     if is_auto_dtype(dtype) and torch.device(device).type == "cpu":
         torch_dtype = _cpu_auto_dtype(path, kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    tokenizer = shared_tokenizer(path, kwargs)
     with model_construction():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
     _tie_missing_lm_head(model)
@@ -536,10 +536,36 @@ def load_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None
 
 def load_tokenizer(name: str, revision: str | None = None) -> Any:
     """The tokenizer of a model name (same resolution as load_model, weights untouched)."""
+    path, kwargs = resolve_model_path(name, revision)
+    return shared_tokenizer(path, kwargs)
+
+
+_TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "added_tokens", "vocab", "merges", "chat_template",
+                    "spiece", "sentencepiece")
+_tokenizers: dict[str, Any] = {}
+_tokenizers_lock = threading.Lock()
+
+
+def shared_tokenizer(path: str, kwargs: dict[str, Any]) -> Any:
+    """One tokenizer object per process for equal tokenizer files: a fast tokenizer holds ~100 MiB (SmolLM2's),
+    and ``specdec serve`` has three users of the same one (the gateway, the target, a draft of the same
+    vocabulary). Keyed by the content of the folder's tokenizer files (a hub id or a file: by name). Tokenizers
+    are read-only here; what specdec attaches to one (fingerprint, TLI tables) is derived from that content."""
     from transformers import AutoTokenizer
 
-    path, kwargs = resolve_model_path(name, revision)
-    return AutoTokenizer.from_pretrained(path, **kwargs)
+    folder = Path(path)
+    key = f"{path}|{sorted(kwargs.items())}"
+    if folder.is_dir() and not kwargs:
+        digest = hashlib.sha256()
+        for f in sorted(folder.iterdir()):
+            if f.is_file() and f.name.startswith(_TOKENIZER_FILES):
+                digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        key = "files:" + digest.hexdigest()
+    with _tokenizers_lock:
+        tok = _tokenizers.get(key)
+        if tok is None:
+            tok = _tokenizers[key] = AutoTokenizer.from_pretrained(path, **kwargs)
+    return tok
 
 
 DEFAULT_MAX_MODEL_LEN = 8192  # for a model whose config names no context length

@@ -109,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from specdec.serving.allocator import return_freed_memory
     from specdec.serving.server import serve_until_signal
 
+    return_freed_memory()  # before the models load (specdec.serving.allocator)
     cfg = settings.from_args(ServeConfig, args)
     cfg.model = args.target or settings.from_env(ServeConfig, ENV_PREFIX).model
     random.seed(cfg.seed)

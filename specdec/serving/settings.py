@@ -182,6 +182,9 @@ def service_cli(config_cls: type, env_prefix: str, create_server_path: str, name
 
         module, func = create_server_path.split(":")
         create_server = getattr(importlib.import_module(module), func)
+        from specdec.serving.allocator import return_freed_memory
+
+        return_freed_memory()  # before the model loads (specdec.serving.allocator)
         config = from_args(config_cls, args)
         handle = create_server(config, **create_options)
         logging.getLogger(name).info("%s listening on %s:%d", name, config.host, handle.port)

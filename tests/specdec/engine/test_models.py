@@ -266,3 +266,21 @@ def test_construction_guard_repairs_tying_broken_outside_it():
         assert PreTrainedModel.__dict__["tie_weights"] is original
     finally:
         PreTrainedModel.tie_weights = original
+
+
+def test_folders_with_the_same_tokenizer_files_share_one_tokenizer(target_dir, tmp_path):
+    """~100 MiB each: specdec serve's gateway, target and draft (same vocabulary) hold one between them."""
+    import json
+    import shutil
+
+    from specdec.engine.models import load_model, load_tokenizer
+
+    copy = tmp_path / "copy"
+    shutil.copytree(target_dir, copy)
+    assert load_tokenizer(str(copy)) is load_tokenizer(str(target_dir)) is load_model(str(copy)).tokenizer
+    other = tmp_path / "other"
+    shutil.copytree(target_dir, other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["model_max_length"] = 77  # any change to a tokenizer file: a tokenizer of its own
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert load_tokenizer(str(other)) is not load_tokenizer(str(target_dir))
