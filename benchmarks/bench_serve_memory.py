@@ -103,10 +103,11 @@ def main() -> int:
     print()
     print_table(rows, COLUMNS)
     goals = {f"resident after three requests <= {GOAL_MIB} MiB": rss <= GOAL_MIB}
-    status = report_checks({"three requests answered 200 with text": answered == len(PROMPTS)}, goals, a.strict and not a.smoke)
+    checks = {"three requests answered 200 with text": answered == len(PROMPTS)}
+    status = report_checks(checks, goals, a.strict and not a.smoke)
     write_json(json_path(a, "serve_memory"), {"smoke": a.smoke, "cpu": cpu, "argv": argv, "rows": rows,
                                               "resident_mib": rss, "weights_mib": weights, "answered": answered,
-                                              "libraries_mib": libs, "goals": goals})
+                                              "libraries_mib": libs, "checks": checks, "goals": goals})
     shutil.rmtree(tmp, ignore_errors=True)
     return status
 

@@ -597,3 +597,36 @@ def test_smoke_grammar_engines(tmp_path):
     assert all(r["accepted"] and r["mask us median"] > 0 for r in data["rows"]) and data["tokens"] > 20
     check_table(proc.stdout, ["engine", "tokenizer s", "compile ms", "mask us median", "mask us p90", "mask us max",
                               "accepted"], "engine", [{"engine": r["engine"]} for r in data["rows"]])
+
+
+# bench_interference.py and bench_serve_memory.py: `specdec serve` subprocesses on the tiny pair
+
+
+@pytest.mark.heavy
+def test_smoke_interference(tmp_path):
+    stdout, data = run_smoke(Expected("bench_interference.py", [], "", [], set()), tmp_path)
+    assert data["smoke"] is True
+    inter, mixed = data["sections"]["interference"], data["sections"]["mixed"]
+    assert [r["run"] for r in inter["rows"]] == ["a stream alone", "the stream, before the arrival",
+                                                  "the long prompt alone",
+                                                  "the stream + the long prompt (prefill window)"]
+    assert inter["identical"] is True and inter["compared_tokens"] > 0  # greedy: the same tokens as alone
+    assert inter["ttft_s"] > 0 and inter["ttft_solo_s"] > 0 and inter["solo_rate"] > 0
+    assert [r["phase"] for r in mixed["rows"]] == ["no arrivals", "2 long prompts arriving"]
+    assert len(mixed["ttfts_s"]) == 2 and all(t > 0 for t in mixed["ttfts_s"])
+    check_table(stdout, ["run", "stream tokens/s", "x before", "x solo", "median gap ms", "long TTFT s",
+                         "x solo TTFT"], "run", inter["rows"])
+    assert_reported(stdout, data)
+
+
+@pytest.mark.heavy
+def test_smoke_serve_memory(tmp_path):
+    stdout, data = run_smoke(Expected("bench_serve_memory.py", [], "", [], set()), tmp_path)
+    assert data["answered"] == 3 and data["resident_mib"] > 100
+    parts = [r["part"] for r in data["rows"]]
+    assert parts[:5] == ["resident after the requests", "resident when ready",
+                         "anonymous (weights, KV written, Python objects)", "C heap (tokenizers, protobuf, gRPC)",
+                         "shared libraries"]
+    assert set(data["weights_mib"]) == {"target", "draft"} and all(v > 0 for v in data["weights_mib"].values())
+    check_table(stdout, ["part", "MiB"], "part", data["rows"])
+    assert_reported(stdout, data)
