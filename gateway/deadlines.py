@@ -30,7 +30,7 @@ class CallDeadline:
     def __init__(self, floor: float, factor: float, window: int = 64):
         self.floor = floor
         self.factor = factor
-        self._calls: collections.deque[float] = collections.deque(maxlen=window)  # seconds of recent calls
+        self._calls: collections.deque[float] = collections.deque(maxlen=window)  # seconds of recent decode calls
         # (tokens sent, seconds) of recent calls that sent at least MIN_TOKENS_PER_TOKEN_RATE tokens
         self._prefills: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
         self._lock = threading.Lock()
@@ -38,9 +38,10 @@ class CallDeadline:
     def observe(self, seconds: float, tokens: int) -> None:
         """A call that sent ``tokens`` tokens answered after ``seconds``."""
         with self._lock:
-            self._calls.append(seconds)
             if tokens >= MIN_TOKENS_PER_TOKEN_RATE:
                 self._prefills.append((tokens, seconds))
+            else:  # a decode round's: a prefill's time (many passes, in chunks beside the decoding sequences) would
+                self._calls.append(seconds)  # stretch every round's deadline (it has its own, by its tokens)
 
     def timeout(self, tokens: int) -> float:
         """The deadline of a call that sends ``tokens`` tokens."""

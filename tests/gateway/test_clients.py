@@ -93,7 +93,10 @@ def test_a_calls_deadline_follows_the_backends_measured_times():
     assert deadline.timeout(5000) == pytest.approx(8 * 1.0 * 50 * 50)
     deadline.observe(30.0, 4000)
     assert deadline.timeout(8000) == pytest.approx(8 * 30.0 * 4)  # from the largest measured prefill
-    assert deadline.timeout(2000) == pytest.approx(8 * 30.0)  # 8 x the slowest call
+    assert deadline.timeout(2000) == pytest.approx(8 * 30.0 / 2)  # a smaller call: scaled down by its tokens
+    # a decode round's deadline follows the decode rounds only: a prefill, slow for its tokens (in chunks beside
+    # the decoding sequences), does not stretch it (a stopped backend is still found out in seconds)
+    assert deadline.timeout(1) == pytest.approx(4.0)
 
 
 def test_a_sequence_whose_first_call_failed_is_still_released():
