@@ -240,7 +240,7 @@ class plain_linears:
     (transformers as shipped), for baselines that should not get specdec's fp32 CPU matmul path."""
 
     def __init__(self, *models):
-        from specdec.engine.models import SkinnyLinear
+        from specdec.engine.lean_linear import SkinnyLinear
 
         self.modules = [m for model in models for m in model.modules() if type(m) is SkinnyLinear]
         self.cls = SkinnyLinear

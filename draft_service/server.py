@@ -7,6 +7,7 @@ import grpc
 from draft_service.config import DraftServiceConfig
 from specdec.config import NO_MODEL_NAMES, SUFFIX_KEYS, TLI_PROPOSALS, SpeculativeConfig
 from specdec.errors import ConfigError
+from specdec.ngram import lookup_indexes
 from specdec.serving.backend import Backend
 from specdec.serving.backend_service import BackendServicerMixin, require_ready, start_backend_service
 from specdec.serving.batching import ComputeThread
@@ -66,6 +67,6 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
         "draft", config, DraftServicer, draft_service_pb2_grpc.add_DraftServiceServicer_to_server, SERVICE_NAME,
         load_async=load_async, compute=compute, draft_sample_method=config.draft_sample_method,
         draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer,
-        tli_proposals=config.tli_proposals, lookup=spec.lookup_indexes(),
+        tli_proposals=config.tli_proposals, lookup=lookup_indexes(spec),
         model_free=spec.method if spec.model_free else None, model_k=model_k,
     )

@@ -44,9 +44,13 @@ def compiler() -> str | None:
     return None
 
 
-def _cache_dir() -> Path:
-    from specdec.engine.models import cache_root
+def cache_root() -> Path:
+    """Where specdec caches what it builds or measures (``$SPECDEC_CACHE``, else ~/.cache/specdec): defined here,
+    at the bottom (kernels import nothing above them); ``specdec.engine.cache_files`` re-exports it."""
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
 
+
+def _cache_dir() -> Path:
     return cache_root() / "kernels"
 
 

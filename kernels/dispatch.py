@@ -6,7 +6,9 @@
 * ``torch``: the torch reference everywhere.
 
 Both make the same decisions from the same random numbers (``specdec.rejection`` is the specification),
-so the choice changes speed, never output. This module imports triton only when Triton is chosen.
+so the choice changes speed, never output. This module imports triton only when Triton is chosen, and nothing
+above the kernels: the callers pick their functions by the backend it resolves (``specdec.rejection.accept``,
+``specdec.tli.id_maps.tli_fns``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Callable
 
 MODES = ("auto", "triton", "torch")
 ENV = "SPECDEC_KERNELS"
@@ -60,30 +61,3 @@ def use_interpreter() -> None:
     logger.warning("SPECDEC_KERNELS=triton on a CPU: the Triton kernels run in Triton's interpreter "
                    "(TRITON_INTERPRET=1), which is for testing and slow")
     os.environ["TRITON_INTERPRET"] = "1"
-
-
-def accept_batch_fn(backend: str, device) -> Callable:
-    """``accept_batch(batch: specdec.rejection.RaggedBatch) -> [2, batch] int64`` of ``backend`` on ``device``:
-    the Triton kernels, or torch: vectorised without host syncs on a GPU, row by row on a CPU (faster there;
-    the same decisions)."""
-    if backend == "triton":
-        from kernels.rejection import accept_batch
-    elif str(device).startswith("cuda"):
-        from specdec.rejection import accept_batch
-    else:
-        from specdec.rejection import accept_rows as accept_batch
-    return accept_batch
-
-
-def tli_fns(backend: str) -> tuple[Callable, Callable]:
-    """(scatter_ids, mask_ids) of ``backend``: the TLI mapping (see ``kernels/tli.py``)."""
-    if backend == "triton":
-        from kernels.tli import mask_ids, scatter_ids
-    else:
-        from specdec.tli.id_maps import mask_ids, scatter_ids
-    return scatter_ids, mask_ids
-
-
-def accept_batch(batch, backend: str = "torch"):
-    """Accept a ragged batch with ``backend`` (see ``resolve``)."""
-    return accept_batch_fn(backend, batch.target.device)(batch)

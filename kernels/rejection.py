@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.rejection import RaggedBatch
-
 
 @triton.jit
 def _argmax_kernel(x_ptr, rows_ptr, out_ptr, vocab, stride, BLOCK: tl.constexpr):
@@ -110,8 +108,9 @@ def _block(vocab: int, device: torch.device) -> int:
     return min(triton.next_power_of_2(max(vocab, 16)), cap)
 
 
-def accept_batch(batch: RaggedBatch) -> torch.Tensor:
-    """Triton twin of ``specdec.rejection.accept_batch`` → [2, batch] int64 (num_accepted_tokens, next token)."""
+def accept_batch(batch) -> torch.Tensor:
+    """Triton twin of ``specdec.rejection.accept_batch`` → [2, batch] int64 (num_accepted_tokens, next token);
+    ``batch``: a ``specdec.rejection.RaggedBatch`` (read by its fields: the kernels import nothing above them)."""
     target = batch.target.contiguous()
     device, b, vocab = target.device, batch.batch_size, batch.vocab_size
     block = _block(vocab, device)

@@ -7,12 +7,58 @@ import logging
 import re
 import warnings
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from specdec.proposal import check_num_speculative_tokens
 from specdec.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+
+# n-gram lookup (vLLM's prompt_lookup_max / prompt_lookup_min; specdec.ngram)
+DEFAULT_PROMPT_LOOKUP_MAX = 4
+DEFAULT_PROMPT_LOOKUP_MIN = 2
+
+
+def check_lookup(prompt_lookup_min: int, prompt_lookup_max: int) -> None:
+    for name, value in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
+            raise ConfigError(f"{name} must be an integer in [1, 64], got {value!r}")
+    if prompt_lookup_min > prompt_lookup_max:
+        raise ConfigError(f"prompt_lookup_min ({prompt_lookup_min}) must not exceed prompt_lookup_max "
+                          f"({prompt_lookup_max})")
+
+
+# suffix decoding (vLLM's suffix_decoding_* keys; specdec.suffix)
+DEFAULT_MAX_TREE_DEPTH = 24
+DEFAULT_MAX_CACHED_REQUESTS = 10_000
+DEFAULT_MAX_SPEC_FACTOR = 1.0
+DEFAULT_MIN_TOKEN_PROB = 0.1
+
+
+@dataclass(frozen=True)
+class SuffixSettings:
+    """The ``suffix_decoding_*`` keys (see ``SpeculativeConfig``), checked."""
+
+    max_tree_depth: int = DEFAULT_MAX_TREE_DEPTH
+    max_cached_requests: int = DEFAULT_MAX_CACHED_REQUESTS
+    max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
+    min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
+
+    def __post_init__(self):
+        def whole(name, value, low, high):
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"suffix_decoding_{name} must be an integer in [{low}, {high}], got {value!r}")
+
+        def real(name, value, low, high):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"suffix_decoding_{name} must be a number in [{low}, {high}], got {value!r}")
+
+        whole("max_tree_depth", self.max_tree_depth, 1, 1024)
+        whole("max_cached_requests", self.max_cached_requests, 0, 10_000_000)
+        real("max_spec_factor", self.max_spec_factor, 0.0, 1024.0)
+        real("min_token_prob", self.min_token_prob, 0.0, 1.0)
+
 
 SUPPORTED_METHODS = ("draft_model", "ngram", "suffix")
 MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no model needed
@@ -115,10 +161,10 @@ class SpeculativeConfig:
     # context matched plus draft), the finished sequences whose outputs the global tree keeps (0: none),
     # a draft of at most factor x the matched length, a branch stops below this empirical probability.
     # With "model" set, suffix drafting is hybrid: a confident suffix match proposes, else the draft model.
-    suffix_decoding_max_tree_depth: int = 24
-    suffix_decoding_max_cached_requests: int = 10_000
-    suffix_decoding_max_spec_factor: float = 1.0
-    suffix_decoding_min_token_prob: float = 0.1
+    suffix_decoding_max_tree_depth: int = DEFAULT_MAX_TREE_DEPTH
+    suffix_decoding_max_cached_requests: int = DEFAULT_MAX_CACHED_REQUESTS
+    suffix_decoding_max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
+    suffix_decoding_min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
     # Hybrid drafting (a lookup method with "model"): the draft model's drafts per round, where a lookup (long
     # when its match is long) has none; None: num_speculative_tokens. A model draft pays per token drafted.
     draft_model_num_speculative_tokens: int | None = None
@@ -128,25 +174,9 @@ class SpeculativeConfig:
         """Drafted from token histories alone (method ngram / suffix without a model): nothing to load."""
         return self.model is None and self.method in MODEL_FREE_METHODS
 
-    def suffix_settings(self):
-        from specdec.suffix import SuffixSettings
-
+    def suffix_settings(self) -> SuffixSettings:
         return SuffixSettings(self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_cached_requests,
                               self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob)
-
-    def lookup_indexes(self):
-        """The factory of per-sequence lookup indexes this config drafts with (``specdec.ngram.NgramStore``'s
-        ``new_index``): a ``SuffixCache`` (method suffix), ``NgramIndexes`` (ngram, or prompt_lookup_max
-        set), or None (the draft model alone)."""
-        if self.method == "suffix":
-            from specdec.suffix import SuffixCache
-
-            return SuffixCache(self.suffix_settings())
-        if self.uses_lookup:
-            from specdec.ngram import NgramIndexes
-
-            return NgramIndexes(*self.lookup_range())
-        return None
 
     @property
     def uses_lookup(self) -> bool:
@@ -155,8 +185,6 @@ class SpeculativeConfig:
 
     def lookup_range(self) -> tuple[int, int]:
         """(prompt_lookup_min, prompt_lookup_max) with the defaults filled in."""
-        from specdec.ngram import DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN
-
         high = self.prompt_lookup_max if self.prompt_lookup_max is not None else DEFAULT_PROMPT_LOOKUP_MAX
         low = self.prompt_lookup_min if self.prompt_lookup_min is not None else min(DEFAULT_PROMPT_LOOKUP_MIN, high)
         return low, high
@@ -233,8 +261,6 @@ class SpeculativeConfig:
                                   "are the ngram method's keys (set one method)")
             self.suffix_settings()  # checks the suffix_decoding_* keys
         elif self.uses_lookup:
-            from specdec.ngram import check_lookup
-
             check_lookup(*self.lookup_range())
         elif self.prompt_lookup_min is not None:
             raise ConfigError("prompt_lookup_min needs prompt_lookup_max (or \"method\": \"ngram\")")
@@ -265,12 +291,12 @@ def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draf
 
 
 DEFAULT_DRAFT = "smollm2-135m-draft"
+# Drafts distilled with `specdec distill` and shipped inside the package (normal HF folders).
+SHIPPED_MODELS: dict[str, Path] = {DEFAULT_DRAFT: Path(__file__).resolve().parent / "assets" / DEFAULT_DRAFT}
 
 
 def default_draft_path():
     """The embedded default draft (distilled for smollm2-135m) shipped inside the package, if present."""
-    from specdec.engine.models import SHIPPED_MODELS
-
     path = SHIPPED_MODELS[DEFAULT_DRAFT]
     return path if (path / "config.json").exists() else None
 

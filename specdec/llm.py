@@ -18,7 +18,7 @@ from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, DEFAULT_QUANTIZATION,
 from specdec.engine.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
 from specdec.engine.models import LoadedModel, load_model, model_max_len
-from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker
+from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker, lookup_indexes
 from specdec.proposal import TokenLogprob
 from specdec.sampling import SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
@@ -153,7 +153,7 @@ class LLM:
             if cfg.max_model_len is not None:
                 self.max_model_len = min(self.max_model_len, cfg.max_model_len)
                 self._target_worker.runner.max_model_len = self.max_model_len
-            self._draft_worker = NgramWorker(NgramStore(cfg.lookup_indexes()))
+            self._draft_worker = NgramWorker(NgramStore(lookup_indexes(cfg)))
         elif cfg is not None:
             self.draft = load_model(cfg.model, dtype=draft_dtype or dtype, device=device, revision=cfg.revision)
             heterogeneous = check_vocab_compatible(
@@ -176,7 +176,7 @@ class LLM:
                                        lean_forward=lean_forward, quantization=cfg.quantization, **kv)
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
             if cfg.uses_lookup:  # hybrid: a lookup (n-gram / suffix) match proposes, else the draft model
-                self._draft_worker = HybridDraftWorker(self._draft_worker, cfg.lookup_indexes(),
+                self._draft_worker = HybridDraftWorker(self._draft_worker, lookup_indexes(cfg),
                                                        cfg.draft_model_num_speculative_tokens)
         # overlapped drafting: the draft's lookahead runs on this thread while the target verifies
         self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead") if cfg is not None and cfg.overlap \

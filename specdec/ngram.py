@@ -23,21 +23,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
+from specdec.config import check_lookup
+from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal
 
-DEFAULT_PROMPT_LOOKUP_MAX = 4
-DEFAULT_PROMPT_LOOKUP_MIN = 2
-
-
-def check_lookup(prompt_lookup_min: int, prompt_lookup_max: int) -> None:
-    for name, value in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
-            raise ConfigError(f"{name} must be an integer in [1, 64], got {value!r}")
-    if prompt_lookup_min > prompt_lookup_max:
-        raise ConfigError(f"prompt_lookup_min ({prompt_lookup_min}) must not exceed prompt_lookup_max "
-                          f"({prompt_lookup_max})")
 
 
 class NgramIndex:
@@ -282,3 +272,16 @@ class HybridDraftWorker:
 
     def release(self, sequence_id: str) -> None:
         self.model.release(sequence_id)
+
+
+def lookup_indexes(spec: Any) -> Any:
+    """The factory of per-sequence lookup indexes a ``SpeculativeConfig`` drafts with (``NgramStore``'s
+    ``new_index``): a ``SuffixCache`` (method suffix), ``NgramIndexes`` (ngram, or prompt_lookup_max set), or
+    None (the draft model alone)."""
+    if spec.method == "suffix":
+        from specdec.suffix import SuffixCache
+
+        return SuffixCache(spec.suffix_settings())
+    if spec.uses_lookup:
+        return NgramIndexes(*spec.lookup_range())
+    return None

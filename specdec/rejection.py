@@ -35,6 +35,7 @@ One ``torch.rand`` of ``vocab`` floats (+ a log) costs ~0.3 ms for 49,152 ids on
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -307,3 +308,19 @@ def accept_batch(batch: RaggedBatch) -> torch.Tensor:
         race = exponential_race(residual, p, batch.noise[batch.noise_row[s]])
         next_token = next_token.index_put((s,), race)
     return torch.stack([n, next_token])
+
+
+def accept_fn(backend: str, device) -> Callable:
+    """``accept(batch) -> [2, batch] int64`` of ``backend`` (``kernels.dispatch.resolve``) on ``device``: the Triton
+    kernels, or torch: vectorised without host syncs on a GPU, row by row on a CPU (faster there; the same
+    decisions)."""
+    if backend == "triton":
+        from kernels.rejection import accept_batch as triton_accept
+
+        return triton_accept
+    return accept_batch if str(device).startswith("cuda") else accept_rows
+
+
+def accept(batch: RaggedBatch, backend: str = "torch") -> torch.Tensor:
+    """Accept a ragged batch with ``backend`` (see ``accept_fn``)."""
+    return accept_fn(backend, batch.target.device)(batch)

@@ -26,16 +26,12 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
 
+from specdec.config import SuffixSettings  # noqa: F401 - its checked settings (re-exported)
 from specdec.errors import ConfigError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 
 # vLLM's defaults for the suffix_decoding_* keys of speculative_config.
-DEFAULT_MAX_TREE_DEPTH = 24
-DEFAULT_MAX_CACHED_REQUESTS = 10_000
-DEFAULT_MAX_SPEC_FACTOR = 1.0
-DEFAULT_MIN_TOKEN_PROB = 0.1
 INSTALL_HINT = ("method \"suffix\" needs ArcticInference's suffix tree: pip install nanobind==2.9.2 cmake ninja && "
                 "pip install --no-build-isolation arctic-inference==0.3.0 (scripts/install.sh does this)")
 
@@ -46,30 +42,6 @@ def _suffix_tree_class():
     except ImportError as exc:
         raise ConfigError(f"{INSTALL_HINT} ({exc})") from None
     return SuffixTree
-
-
-@dataclass(frozen=True)
-class SuffixSettings:
-    """The ``suffix_decoding_*`` keys (see ``SpeculativeConfig``), checked."""
-
-    max_tree_depth: int = DEFAULT_MAX_TREE_DEPTH
-    max_cached_requests: int = DEFAULT_MAX_CACHED_REQUESTS
-    max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
-    min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
-
-    def __post_init__(self):
-        def whole(name, value, low, high):
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ConfigError(f"suffix_decoding_{name} must be an integer in [{low}, {high}], got {value!r}")
-
-        def real(name, value, low, high):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
-                raise ConfigError(f"suffix_decoding_{name} must be a number in [{low}, {high}], got {value!r}")
-
-        whole("max_tree_depth", self.max_tree_depth, 1, 1024)
-        whole("max_cached_requests", self.max_cached_requests, 0, 10_000_000)
-        real("max_spec_factor", self.max_spec_factor, 0.0, 1024.0)
-        real("min_token_prob", self.min_token_prob, 0.0, 1.0)
 
 
 class SuffixCache:

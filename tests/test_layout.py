@@ -1,5 +1,6 @@
 """The three floors, checked on the source: the library knows no service and no grpc, serving code never
-imports torch, services never import each other, and no hand-written module is over 700 lines."""
+imports torch, services never import each other, the kernels import nothing above them, configuration is a
+leaf, and no hand-written module is over 700 lines."""
 
 from __future__ import annotations
 
@@ -68,6 +69,12 @@ def test_floors(path: Path):
             assert not _uses(imports, banned), f"the {floor} imports {banned}"
     if floor == "serving":
         assert not _uses(imports, "torch"), "serving code reaches torch through the library, never directly"
+    if floor == "kernels":
+        assert not _uses(imports, "specdec"), "the kernels import nothing above them (the library picks them)"
+    if path == ROOT / "specdec" / "config.py":  # configuration is a leaf: what it checks, it defines
+        assert {m for m in imports if m.startswith("specdec")} <= {
+            "specdec.errors", "specdec.errors.ConfigError", "specdec.proposal",
+            "specdec.proposal.check_num_speculative_tokens", "specdec.proposal.MAX_NUM_SPECULATIVE_TOKENS"}, imports
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))

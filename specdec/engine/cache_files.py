@@ -10,6 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from kernels.cpu_build import cache_root  # noqa: F401 - the one definition of $SPECDEC_CACHE's default
+
 
 def read_json_dict(path: Path) -> dict:
     """The JSON object in ``path``; {} where the file is missing, unreadable, malformed or not an object."""

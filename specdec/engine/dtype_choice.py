@@ -35,8 +35,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.engine.cache_files import file_lock, read_json_dict, write_json_atomic
-from specdec.engine.models import cache_root, dtype_name
+from specdec.engine.cache_files import cache_root, file_lock, read_json_dict, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +52,10 @@ _MAX_WEIGHT = 64 << 20  # fp32 bytes of one weight at most (a big model's are cu
 _CHOICES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 MEASURED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _LOCK = threading.Lock()  # one measurement at a time in a process: two would slow each other
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass

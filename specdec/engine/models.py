@@ -32,7 +32,9 @@ from typing import Any, Callable
 
 import torch
 
-from specdec.engine.cache_files import file_lock, read_json_dict, write_json_atomic
+from specdec.config import SHIPPED_MODELS  # drafts shipped inside the package
+from specdec.engine.cache_files import cache_root, file_lock, read_json_dict, write_json_atomic
+from specdec.engine.lean_linear import use_skinny_matmuls
 from specdec.errors import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -111,14 +113,6 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "c
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(set(DTYPES))} or 'auto'") from None
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
-
-
 # --------------------------------------------------------------------------------------------------
 # Built-in models shipped by pip packages
 
@@ -164,12 +158,6 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 
 
-def _shipped_draft(name: str) -> Path:
-    return Path(__file__).resolve().parents[1] / "assets" / name  # specdec/assets
-
-
-# Drafts distilled with `specdec distill` and shipped inside the package (normal HF folders).
-SHIPPED_MODELS: dict[str, Path] = {"smollm2-135m-draft": _shipped_draft("smollm2-135m-draft")}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -406,59 +394,13 @@ def _tie_missing_lm_head(model: Any) -> None:
         raise RuntimeError(f"weights missing from the checkpoint: {empty[:5]}")
 
 
-class SkinnyLinear(torch.nn.Linear):
-    """``nn.Linear`` whose few-row fp32 CPU products run as ``weight @ x.T``.
-
-    Measured on 2 AVX-512 cores (torch 2.13, MKL): ``F.linear`` of 1-5 rows takes a slow path. Gemma-3's
-    262,144 x 640 vocabulary projection costs 75 ms for one row and 121-150 ms for 2-5 rows, while the
-    same product as ``weight @ x.T`` costs 27-52 ms (one row is fed twice: a matrix-vector product takes
-    the slow path too). The decoder's own products: a whole one-token pass gains ~25%, 2-8 rows tie or gain. bf16, many rows and other devices
-    keep ``F.linear``. The result differs from ``F.linear`` only by fp32 summation order.
-    """
-
-    big_out_features = 16384  # vocabulary projections: the skinny product wins for up to 64 rows
-    max_rows_big = 64
-    rows_small = (1, 8)  # decoder projections: it wins or ties for 1-8 rows (one row fed twice)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny_linear(x, self.weight, self.bias)
-
-
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, bias)``, as ``w @ x.T`` where that is faster (see :class:`SkinnyLinear`)."""
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    big = w.shape[0] >= SkinnyLinear.big_out_features
-    rows_small = SkinnyLinear.rows_small
-    if (x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled()
-            or not (1 <= m <= SkinnyLinear.max_rows_big if big else rows_small[0] <= m <= rows_small[1])):
-        return torch.nn.functional.linear(x, w, bias)
-    rows = x.reshape(m, x.shape[-1])
-    if m == 1:
-        rows = torch.cat([rows, rows])
-    out = torch.mm(w, rows.t()).t()[:m]
-    if bias is not None:
-        out = out + bias
-    return out.contiguous().view(*x.shape[:-1], w.shape[0])
-
-
-def use_skinny_matmuls(model: torch.nn.Module) -> int:
-    """Switch a CPU fp32 model's ``nn.Linear`` layers to :class:`SkinnyLinear` (same parameters, same
-    state dict); returns how many were switched. Call after loading, for inference."""
-    n = 0
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            module.__class__ = SkinnyLinear
-            n += 1
-    return n
-
-
 def load_model(
     name: str,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
     revision: str | None = None,
 ) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     torch_dtype = parse_dtype(dtype, device)  # an unknown name fails before any loading
     path, kwargs = resolve_model_path(name, revision)

@@ -176,7 +176,7 @@ def calibration_tokens(tokenizer: Any, limit: int = CALIBRATION_TOKENS) -> list[
 def cache_path(source: str, dtype: torch.dtype, kind: str, vocab_subset: torch.Tensor | None,
                candidates: tuple, evaluate: bool) -> Path:
     """Where the plan of this model and mode is cached (keyed by its weight files' names, sizes and times)."""
-    from specdec.engine.models import cache_root
+    from specdec.engine.cache_files import cache_root
 
     folder = Path(source)
     files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")) if folder.is_dir() else []

@@ -28,13 +28,13 @@ from specdec.engine.block_pool import ROOT
 from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING, DEFAULT_GPU_MEMORY_UTILIZATION,
                                      KVPool, KVStats, SequenceKVCache, kv_budget)
 from specdec.engine.lean_decoder import lean_decoder, unsupported_reason
-from specdec.engine.lean_linear import INVARIANT_TILE_ROWS
+from specdec.engine.lean_linear import INVARIANT_TILE_ROWS, SkinnyLinear
 from specdec.engine.memory import release_unread, weight_bytes
 from specdec.engine.quant import quantization_unavailable
 from specdec.engine.quant_plan import build_plan, save_plan
 from specdec.config import AUTO_QUANTIZATION
 from specdec.errors import ConfigError, InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SequencePreemptedError
-from specdec.engine.models import LoadedModel, SkinnyLinear
+from specdec.engine.models import LoadedModel
 from specdec.engine.scoring import RowLogits, check_scoring, scoring_pass_bytes
 from specdec.engine.scheduler import (DECODING_WINDOW_S, DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
                                       DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_PARTIAL_PREFILLS, PassScheduler)

@@ -13,8 +13,9 @@ import torch
 
 from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
-from kernels.dispatch import accept_batch, resolve
+from kernels.dispatch import resolve
 from specdec.rejection import RaggedBatch, race_scores
+from specdec.rejection import accept as accept_batch  # by the resolved backend (a name the negative controls swap)
 from specdec.engine.runner import UNFINISHED, ModelRunner, _Sequence
 from specdec.engine.scoring import RowLogits, materialize
 from specdec.token_mask import apply_token_bitmask

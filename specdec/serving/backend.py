@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from specdec.config import DEFAULT_TARGET, check_quantization, parse_byte_size
 from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SequenceNotFoundError
 from specdec.engine.memory import resident_bytes
-from specdec.engine.models import LoadedModel, dtype_name, load_model, model_max_len
+from specdec.engine.dtype_choice import dtype_name
+from specdec.engine.models import LoadedModel, load_model, model_max_len
 from specdec.history import TokenHistory, common_prefix
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult, check_num_speculative_tokens
 from specdec.ngram import HybridDraftWorker, NgramStore, NgramWorker

@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
-from kernels.dispatch import kernels_mode, resolve, tli_fns
+from kernels.dispatch import kernels_mode, resolve
 from specdec.config import TLI_PROPOSALS
 from specdec.errors import ConfigError
 from specdec.history import TokenHistory, common_prefix, mark_of, unchanged_prefix
 from specdec.tli.draft_context import DraftContext
+from specdec.tli.id_maps import tli_fns
 from specdec.tli.vocab_mapping import VocabMapping, analyze_tokenizer, check_useful, load_or_build_mapping
 
 logger = logging.getLogger(__name__)

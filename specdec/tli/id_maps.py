@@ -3,6 +3,8 @@ picks one or the other)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -23,3 +25,13 @@ def mask_ids(x: torch.Tensor, keep: torch.Tensor, fill: float) -> torch.Tensor:
     else:
         keep = torch.cat([keep, torch.zeros(v - keep.numel(), dtype=torch.bool, device=x.device)])
     return x.masked_fill(~keep.bool(), fill)
+
+
+def tli_fns(backend: str) -> tuple[Callable, Callable]:
+    """(scatter_ids, mask_ids) of ``backend`` (``kernels.dispatch.resolve``): the Triton twins (``kernels/tli.py``)
+    or these."""
+    if backend == "triton":
+        from kernels.tli import mask_ids as triton_mask, scatter_ids as triton_scatter
+
+        return triton_scatter, triton_mask
+    return scatter_ids, mask_ids

@@ -45,7 +45,8 @@ import torch
 from specdec.tli.id_maps import mask_ids, scatter_ids
 
 from specdec.errors import ConfigError
-from specdec.engine.models import cache_root, tokenizer_fingerprint
+from specdec.engine.cache_files import cache_root
+from specdec.engine.models import tokenizer_fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,9 @@ from specdec import LLM, SamplingParams
 from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.history import TokenHistory
-from specdec.suffix import SuffixCache, SuffixSettings
+from specdec.ngram import lookup_indexes
+from specdec.config import SuffixSettings
+from specdec.suffix import SuffixCache
 from tests.broken_samplers import accept_always, rowwise
 from tests.first_token_chi2 import first_token_pvalue, target_first_token
 
@@ -160,7 +162,7 @@ def test_dropped_sequences_free_their_own_tree():
 
 def test_suffix_config_is_checked():
     cfg = SpeculativeConfig.from_any({"method": "suffix"})
-    assert cfg.model_free and cfg.num_speculative_tokens == 24 and isinstance(cfg.lookup_indexes(), SuffixCache)
+    assert cfg.model_free and cfg.num_speculative_tokens == 24 and isinstance(lookup_indexes(cfg), SuffixCache)
     assert SpeculativeConfig.from_any({"method": "suffix", "suffix_decoding_max_tree_depth": 8}).num_speculative_tokens == 8
     assert SpeculativeConfig.from_any({"method": "suffix", "suffix_decoding_max_tree_depth": 64}).num_speculative_tokens == 32
     hybrid = SpeculativeConfig.from_any({"method": "suffix", "model": "d", "num_speculative_tokens": 4})

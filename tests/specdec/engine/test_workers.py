@@ -375,7 +375,7 @@ def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
     (which picks its products per row count)."""
     import copy
 
-    from specdec.engine.models import SkinnyLinear
+    from specdec.engine.lean_linear import SkinnyLinear
 
     linears = [m for m in target_lm.model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is SkinnyLinear for m in linears)
@@ -392,7 +392,7 @@ def test_loaded_fp32_models_use_skinny_matmuls_and_need_no_padding(target_lm):
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 70])
 @pytest.mark.parametrize("out_features", [24, 20000])
 def test_skinny_linear_equals_linear(rows, out_features):
-    from specdec.engine.models import SkinnyLinear
+    from specdec.engine.lean_linear import SkinnyLinear
 
     torch.manual_seed(rows)
     ref = torch.nn.Linear(48, out_features, bias=out_features == 24)
