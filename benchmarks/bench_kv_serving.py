@@ -51,10 +51,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, ratio,  # noqa: E402
-                    report_checks, smoke_environment, smoke_models, write_json)
+                    report_checks, sections_of, served_pair, smoke_environment, smoke_models, write_json)
 from served import HOST, ROOT, Result, ServiceProc, free_port, http_json, http_stream, scrape  # noqa: E402
 
-from specdec.config import DEFAULT_TARGET, default_speculative_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 SECTIONS = ("long", "prefix", "memory")
@@ -384,12 +383,9 @@ def main() -> int:
     add_common_args(ap)
     add_strict_arg(ap)
     a = ap.parse_args()
-    sections = [s.strip() for s in a.sections.split(",") if s.strip()]
-    if not sections or set(sections) - set(SECTIONS):
-        ap.error(f"--sections takes {', '.join(SECTIONS)}")
+    sections = sections_of(ap, a.sections, SECTIONS)
     out_path = json_path(a, "kv_serving")
-    spec = json.loads(a.speculative_config) if a.speculative_config else default_speculative_config()
-    target = a.target or DEFAULT_TARGET
+    target, spec = served_pair(a)
     tmp = Path(tempfile.mkdtemp(prefix="specdec-bench-kv-"))  # the servers' logs (kept unless all went right)
     if a.smoke:
         smoke_environment(tmp)  # the servers inherit its environment

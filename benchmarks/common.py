@@ -60,6 +60,23 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
                     help="where to write the JSON (default: bench_results/NAME.json; with --smoke, a temporary folder)")
 
 
+def sections_of(ap: argparse.ArgumentParser, value: str, known: tuple[str, ...]) -> list[str]:
+    """The sections a comma-separated ``--sections`` names (a usage error for none or an unknown one)."""
+    sections = [s.strip() for s in value.split(",") if s.strip()]
+    if not sections or set(sections) - set(known):
+        ap.error(f"--sections takes {', '.join(known)}")
+    return sections
+
+
+def served_pair(a: argparse.Namespace) -> tuple[str, dict | None]:
+    """(target, speculative_config) of a served benchmark: ``--target`` and ``--speculative-config`` (JSON), else
+    the embedded default pair's."""
+    from specdec.config import DEFAULT_TARGET, default_speculative_config
+
+    spec = json.loads(a.speculative_config) if a.speculative_config else default_speculative_config()
+    return a.target or DEFAULT_TARGET, spec
+
+
 def json_path(args: argparse.Namespace, name: str) -> Path:
     if args.json:
         return Path(args.json)

@@ -165,15 +165,22 @@ def _paged_attention_kernel(
             tl.store(base, m)
             tl.store(base + 1, l)
             tl.store(base + 2 + d, acc)
-        else:  # merged in order (every split holds a key the query sees: m is finite); as _merge_kernel does
-            m_all = tl.maximum(big_m, m)
-            a = tl.exp(big_m - m_all)
-            w = tl.exp(m - m_all)
-            big_acc = big_acc * a + acc * w
-            big_l = big_l * a + l * w
-            big_m = m_all
+        else:  # merged in order (every split holds a key the query sees: m is finite), as _merge_kernel does
+            big_m, big_l, big_acc = _merge_split(big_m, big_l, big_acc, m, l, acc)
     if not PARALLEL:
         tl.store(out_ptr + t * o_t + h * o_h + d, (big_acc / big_l).to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _merge_split_fn(big_m, big_l, big_acc, m, l, acc):
+    """The merged splits (max, sum of exp, weighted values) with one more split's: one function for both
+    kernels, so the one-program and the split-per-program passes do the same arithmetic."""
+    m_all = tl.maximum(big_m, m)
+    a = tl.exp(big_m - m_all)
+    w = tl.exp(m - m_all)
+    return m_all, big_l * a + l * w, big_acc * a + acc * w
+
+
+_merge_split = None  # the jit function of _merge_split_fn, made with the kernels (the kernels call it by this name)
 
 
 def _merge_kernel(
@@ -201,12 +208,7 @@ def _merge_kernel(
         m = tl.load(base)
         l = tl.load(base + 1)
         acc = tl.load(base + 2 + d)
-        m_all = tl.maximum(big_m, m)
-        a = tl.exp(big_m - m_all)
-        w = tl.exp(m - m_all)
-        big_acc = big_acc * a + acc * w
-        big_l = big_l * a + l * w
-        big_m = m_all
+        big_m, big_l, big_acc = _merge_split(big_m, big_l, big_acc, m, l, acc)
     tl.store(out_ptr + t * o_t + h * o_h + d, (big_acc / big_l).to(out_ptr.dtype.element_ty), mask=d < head_dim)
 
 
@@ -214,11 +216,12 @@ def _merge_kernel(
 def _kernel():
     """The jit kernel, made on first use: ``import triton`` and ``triton.jit`` fix compiled or interpreted
     (``TRITON_INTERPRET``) when they run, so neither may happen at this module's import."""
-    global tl
+    global tl, _merge_split
     import triton
     import triton.language
 
     tl = triton.language
+    _merge_split = triton.jit(_merge_split_fn)
     return triton.jit(_paged_attention_kernel), triton.jit(_merge_kernel)
 
 

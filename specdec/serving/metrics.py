@@ -146,16 +146,19 @@ class _KVCacheCollector:
     def describe(self):
         return self._families()
 
-    def collect(self):
-        usage, free, queries, hits, preemptions = families = self._families()
+    def _read(self):
+        """(labels, what its source returned now) of each source; a source that fails is left out of this scrape."""
         with self._lock:
             sources = list(self._sources.items())
         for labels, stats in sources:
             try:
-                kv = stats()
-            except Exception as exc:  # noqa: BLE001 - a scrape must not fail for one pool
-                logger.debug("kv_stats of %s failed: %s", labels, exc)
-                continue
+                yield labels, stats()
+            except Exception as exc:  # noqa: BLE001 - a scrape must not fail for one source
+                logger.debug("%s of %s failed: %s", type(self).__name__, labels, exc)
+
+    def collect(self):
+        usage, free, queries, hits, preemptions = families = self._families()
+        for labels, kv in self._read():
             usage.add_metric(labels, float(kv.usage))
             free.add_metric(labels, float(kv.free_blocks))
             queries.add_metric(labels, float(kv.prefix_cache_queries))
@@ -187,14 +190,7 @@ class _SchedulerCollector(_KVCacheCollector):
 
     def collect(self):
         tokens, passes, budget, chunk = families = self._families()
-        with self._lock:
-            sources = list(self._sources.items())
-        for labels, stats in sources:
-            try:
-                st = stats()
-            except Exception as exc:  # noqa: BLE001 - a scrape must not fail for one scheduler
-                logger.debug("scheduler_stats of %s failed: %s", labels, exc)
-                continue
+        for labels, st in self._read():
             for kind, n in st["tokens"].items():
                 tokens.add_metric((*labels, kind), float(n))
             passes.add_metric(labels, float(st["passes"]))
