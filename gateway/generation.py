@@ -254,6 +254,8 @@ class Gateway:
         self.admission.reserve(1)  # 429 at once when the queue is full
         # a sequence never outgrows the smallest KV cache pool: without max_tokens it stops there ("length")
         max_len = min(self.max_model_len, self.kv_capacity or self.max_model_len)
+        if priority != params.priority:
+            params = params.clone(priority=priority)  # travels with every call: the services schedule by it too
         seq = SequenceState(prompt_token_ids=list(prompt_token_ids), params=params, tokenizer=self.tokenizer,
                             eos_token_ids=self.eos_token_ids, max_model_len=max_len, constraint=constraint)
         # the reservation goes back if the sequence is dropped without being streamed

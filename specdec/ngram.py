@@ -244,7 +244,7 @@ class HybridDraftWorker:
     def _lookup(self, call) -> Proposal:
         if not call.token_ids:
             raise InvalidRequestError("draft: the sequence is empty", param="prompt")
-        seq = self.runner.get_or_create(call.sequence_id, call.params.seed)
+        seq = self.runner.get_or_create(call.sequence_id, call.params.seed, call.params.priority)
         index = seq.vocab_state.get("ngram")
         if index is None:
             index = seq.vocab_state["ngram"] = self.new_index()

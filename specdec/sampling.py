@@ -61,6 +61,9 @@ class SamplingParams:
     # every sequence one, so a run is reproducible), not from the user. Set by the LLM, not users: such a
     # request counts as unseeded (``couples``), as a request without a seed does in the services.
     engine_seed: bool = False
+    # Scheduling priority (vLLM's request priority; the gateway sets it under --scheduling-policy priority):
+    # lower is first to start, to be prefilled and the last to be preempted. It never changes what is sampled.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

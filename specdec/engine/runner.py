@@ -83,6 +83,12 @@ class _Sequence:
     vocab_state: dict = field(default_factory=dict)  # a TLI draft's re-tokenized context
     stream_key: int | None = None  # seeded: the generator is re-seeded per round (specdec.seeding)
     prefilling: bool = False  # its prompt is being fed in chunks (its last call was UNFINISHED)
+    priority: int = 0  # its request's (lower first); with arrival, the order of prefill and of preemption
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Scheduling order: priority, then arrival (the lowest rank is served first and preempted last)."""
+        return self.priority, self.created
 
     @property
     def length(self) -> int:
@@ -201,7 +207,7 @@ class ModelRunner:
         self._windows = self.net.windows() if self.paged else {}
 
     # -- sequence bookkeeping ------------------------------------------------------------------
-    def get_or_create(self, sequence_id: str, seed: int | None) -> _Sequence:
+    def get_or_create(self, sequence_id: str, seed: int | None, priority: int = 0) -> _Sequence:
         seq = self.sequences.get(sequence_id)
         if seq is None:
             if len(self.sequences) >= self.max_sequences:
@@ -219,6 +225,7 @@ class ModelRunner:
         if seq.length and not seq.prefilling and not any(s.prefilling for s in self.sequences.values()):
             self.scheduler.note_round(now - seq.last_used)
         seq.last_used = now
+        seq.priority = priority
         return seq
 
     def decoding(self, exclude: set[str] = frozenset(), window_s: float = DECODING_WINDOW_S) -> int:
@@ -340,18 +347,19 @@ class ModelRunner:
         check_scoring(self.role, num_tokens, need)
 
     def _reserve(self, seqs: list[_Sequence], counts: list[int]) -> list[bool]:
-        """Blocks for every row's new tokens, oldest sequence first. Short of blocks, the youngest sequences
-        outside the pass are preempted, then the youngest rows of the pass; False: that row was preempted."""
+        """Blocks for every row's new tokens, first by rank (priority, then the oldest). Short of blocks, the
+        last-ranked sequences outside the pass are preempted (the lowest priority, the youngest), then the
+        last-ranked rows of the pass; False: that row was preempted."""
         bs, pool = self.block_size, self.kv.blocks
         need = [max(0, -(-(s.length + n) // bs) - len(s.blocks)) for s, n in zip(seqs, counts)]
         ok = [True] * len(seqs)
         in_pass = {s.sequence_id: i for i, s in enumerate(seqs)}
-        for i in sorted(range(len(seqs)), key=lambda i: seqs[i].created):
+        for i in sorted(range(len(seqs)), key=lambda i: seqs[i].rank):
             if not ok[i]:
                 continue
             while pool.num_free < need[i]:
                 victim = self._youngest(exclude=in_pass) or self._youngest(
-                    among=[seqs[j] for j in in_pass.values() if ok[j] and seqs[j].created > seqs[i].created])
+                    among=[seqs[j] for j in in_pass.values() if ok[j] and seqs[j].rank > seqs[i].rank])
                 if victim is None:
                     break
                 self._preempt(victim)
@@ -367,7 +375,7 @@ class ModelRunner:
     def _youngest(self, exclude: dict | None = None, among: list[_Sequence] | None = None) -> _Sequence | None:
         pool = among if among is not None else [s for s in self.sequences.values()
                                                 if s.sequence_id not in exclude and s.blocks]
-        return max(pool, key=lambda s: s.created, default=None)
+        return max(pool, key=lambda s: s.rank, default=None)  # the last-ranked: lowest priority, then youngest
 
     def _preempt(self, seq: _Sequence) -> None:
         logger.info("%s: KV cache full, preempting sequence %r (%d tokens)", self.role, seq.sequence_id, seq.length)
@@ -400,7 +408,7 @@ class ModelRunner:
         feeds = [len(n) for n in new_token_ids]
         if chunkable is not None:
             ids = {s.sequence_id for s in seqs}
-            take = self.scheduler.plan(feeds, chunkable, [s.created for s in seqs], self.decoding(ids) > 0)
+            take = self.scheduler.plan(feeds, chunkable, [s.rank for s in seqs], self.decoding(ids) > 0)
             unfinished = {i for i, c in enumerate(chunkable) if c and take[i] < feeds[i]}
             new_token_ids = [n[:take[i]] if i in unfinished else n for i, n in enumerate(new_token_ids)]
             num_logits = [0 if i in unfinished else m for i, m in enumerate(num_logits)]

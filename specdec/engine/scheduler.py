@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 # vLLM's max_num_batched_tokens: tokens fed per pass at most (decode rows are never cut; prompts are chunked).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
@@ -86,12 +87,12 @@ class PassScheduler:
         return max(bs, min(chunk, self.max_num_batched_tokens))
 
     # -- the plan ----------------------------------------------------------------------------------
-    def plan(self, feeds: Sequence[int], chunkable: Sequence[bool], arrival: Sequence[int],
+    def plan(self, feeds: Sequence[int], chunkable: Sequence[bool], arrival: Sequence[Any],
              decoding_elsewhere: bool) -> list[int]:
         """Tokens each row feeds this pass. Rows that are not ``chunkable`` (verify windows, scored prompts) feed
         whole; chunkable rows that fit feed whole, shortest first; a long prompt gets a chunk (at most
-        ``prefill_chunk()`` while anyone else decodes), the oldest (lowest ``arrival``) first, at most
-        ``max_num_partial_prefills`` of them while others decode. A prompt always gets at least one block when it
+        ``prefill_chunk()`` while anyone else decodes), the lowest ``arrival`` first (a rank: the runner gives
+        (priority, arrival order)), at most ``max_num_partial_prefills`` of them while others decode. A prompt always gets at least one block when it
         is the pass's only work, so every pass makes progress."""
         take = [0 if c else f for f, c in zip(feeds, chunkable)]
         left = self.max_num_batched_tokens - sum(take)

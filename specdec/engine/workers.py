@@ -93,7 +93,7 @@ class DraftWorker:
             def prepare(call: ProposeCall):
                 method = call.draft_sample_method or self.draft_sample_method
                 check_draft_sample_method(method)
-                seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                seq = runner.get_or_create(call.sequence_id, call.params.seed, call.params.priority)
                 seq.begin_round(len(call.token_ids))
                 history = self.tli.draft_history(seq.vocab_state, call.token_ids) if self.tli else call.token_ids
                 k = call.num_speculative_tokens
@@ -204,7 +204,7 @@ class TargetWorker:
 
             def prepare(call: VerifyCall):
                 check_proposal(call.proposal, runner.logits_vocab_size)
-                seq = runner.get_or_create(call.sequence_id, call.params.seed)
+                seq = runner.get_or_create(call.sequence_id, call.params.seed, call.params.priority)
                 seq.begin_round(len(call.token_ids))
                 scored = call.params.prompt_logprobs is not None
                 if scored:  # score the whole prompt: feed it all again (no prefix-cache hits)

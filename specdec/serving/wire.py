@@ -34,13 +34,14 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **extra) -> SamplingPara
         top_k=int(msg.top_k),
         min_p=float(msg.min_p),
         seed=seed,
+        priority=int(msg.priority),
         **{"max_tokens": None, **penalties, **extra},  # the services never count max_tokens: the gateway does
     )
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                    min_p=params.min_p)
+                                    min_p=params.min_p, priority=params.priority)
     if params.seed is not None:
         msg.seed = params.seed
     if params.has_penalties:

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from gateway.resilience import Admission
+from specdec.sampling import SamplingParams
 from specdec.v1 import generation_service_pb2_grpc
 from tests.gateway.openai.http_helpers import assert_error_body, httpx
 from tests.services_conftest_helpers import PROMPTS, generate_request, rpc_error
@@ -94,3 +95,5 @@ def test_served_requests_start_by_priority(servers, target_dir):
         for t in waiting:
             t.join(60)
     assert firsts == [1, 2, 3]
+    seq = gw.backend.new_sequence([5, 6, 7], SamplingParams(temperature=0), priority=2)
+    assert seq.params.priority == 2  # every call of the sequence carries it to the services (they schedule by it)

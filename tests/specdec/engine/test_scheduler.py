@@ -101,3 +101,26 @@ def test_a_chunk_beside_decode_rows_fills_the_passs_last_tile():
     assert s.plan([3000], [True], [1], decoding_elsewhere=False) == [512]  # alone: the budget
     tight = PassScheduler(20, 16, 1, block_size=16, row_multiple=16)
     assert tight.plan([2, 3000], [False, True], [2, 1], decoding_elsewhere=False) == [2, 16]  # never past the budget
+
+
+def test_preemption_and_prefill_follow_priority_then_arrival(target_lm):
+    """A pool of 6 blocks: the oldest sequence has the lowest priority (5); when a new one needs blocks, it is the
+    one preempted, not the youngest. And of two prompts over the budget, the higher priority is fed first."""
+    from tests.specdec.engine.test_runner import _budget
+
+    small = ModelRunner(target_lm, 256, role="target", kv_cache_memory=_budget(target_lm, 6))
+    low = small.get_or_create("low", seed=0, priority=5)
+    small.forward(low, small.sync(low, _ids(40, 1)))  # 3 blocks
+    high = small.get_or_create("high", seed=0)
+    small.forward(high, small.sync(high, _ids(40, 2)))  # 3 blocks: the pool is full
+    new = small.get_or_create("new", seed=0)
+    small.forward(new, small.sync(new, _ids(20, 3)))
+    assert "low" not in small.sequences and {"high", "new"} <= set(small.sequences)
+    assert small.kv_stats().preemptions == 1
+    runner = ModelRunner(target_lm, 512, role="target", long_prefill_token_threshold=16)
+    a = runner.get_or_create("a", seed=0, priority=1)  # arrived first
+    b = runner.get_or_create("b", seed=0, priority=0)
+    out = runner.forward_batch([a, b], [runner.sync(a, _ids(400, 4)), runner.sync(b, _ids(400, 5))], [1, 1],
+                               chunkable=[True, True])
+    # 800 tokens over a budget of 512: b (priority 0) is fed whole, a (arrived first) gets what is left
+    assert out[0] is UNFINISHED and isinstance(out[1], torch.Tensor) and (a.length, b.length) == (112, 400)

@@ -115,3 +115,13 @@ def test_sampling_from_proto_rejects_out_of_range_values():
         with pytest.raises(InvalidRequestError) as info:
             sampling_from_proto(common_pb2.SamplingParams(**{field: value}))
         assert info.value.param == field
+
+
+def test_a_requests_priority_travels_with_its_sampling_params():
+    """The gateway's --scheduling-policy priority reaches the services with every call (they prefill and preempt
+    by it); 0 by default."""
+    from specdec.sampling import SamplingParams
+    from specdec.serving.wire import sampling_from_proto, sampling_to_proto
+
+    assert sampling_from_proto(sampling_to_proto(SamplingParams(temperature=0, priority=-3))).priority == -3
+    assert sampling_from_proto(sampling_to_proto(SamplingParams(temperature=0.7, seed=5))).priority == 0
