@@ -232,8 +232,9 @@ class ModelRunner:
         """Sequences decoding (called within ``window_s``, their prompts fed) apart from ``exclude``: those whose
         next call a pass that prefills should make way for."""
         now = time.monotonic()
-        return sum(1 for sid, s in self.sequences.items() if sid not in exclude and s.length and not s.prefilling
-                   and now - s.last_used < window_s)
+        with self.lock:  # the batcher asks from its own thread while calls add and release sequences
+            return sum(1 for sid, s in self.sequences.items() if sid not in exclude and s.length and not s.prefilling
+                       and now - s.last_used < window_s)
 
     def get(self, sequence_id: str) -> _Sequence:
         try:

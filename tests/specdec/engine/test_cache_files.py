@@ -28,7 +28,9 @@ def _hold(path, seconds, held):
 
 def test_the_lock_makes_another_process_wait(tmp_path):
     path = tmp_path / "x.json"
-    ctx = multiprocessing.get_context("fork")
+    # spawn, not fork: a test worker may hold many models' KV pools (untouched, but committed), and the kernel can
+    # refuse to fork so big a process (ENOMEM, seen under the whole suite)
+    ctx = multiprocessing.get_context("spawn")
     held = ctx.Event()
     other = ctx.Process(target=_hold, args=(path, 0.6, held))
     other.start()
