@@ -55,7 +55,7 @@ from common import (add_common_args, cpu_info, json_path, print_table, ratio, sm
                     write_json)
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-from specdec.engine.models import resolve_model_path  # noqa: E402
+from specdec.model_files import resolve_model_path  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "specdec" / "assets" / "prompts" / "drafting.json"  # also `specdec bench --dataset mixed`

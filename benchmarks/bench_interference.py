@@ -224,7 +224,7 @@ def main() -> int:
         extra += ["--num-threads", "1"]
         for name, (_, small) in SIZES.items():
             setattr(a, name, small)
-    from specdec.engine.models import load_tokenizer
+    from specdec.model_files import load_tokenizer
     from bench_kv_serving import corpus_ids
 
     tok = load_tokenizer(target)

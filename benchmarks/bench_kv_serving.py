@@ -94,7 +94,7 @@ def model_facts(name: str | None, dtype: str) -> dict | None:
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    from specdec.engine.models import resolve_model_path
+    from specdec.model_files import resolve_model_path
 
     folder = Path(resolve_model_path(name)[0])
     cfg = AutoConfig.from_pretrained(folder).get_text_config()
@@ -396,7 +396,7 @@ def main() -> int:
             setattr(a, name, small)
     a.alone = max(1, min(a.alone, a.memory_requests))
     models = {"target": model_facts(target, a.dtype), "draft": model_facts((spec or {}).get("model"), a.dtype)}
-    from specdec.engine.models import load_tokenizer
+    from specdec.model_files import load_tokenizer
 
     tok = load_tokenizer(target)
     count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731

@@ -201,7 +201,7 @@ def main() -> int:
         args.max_tokens, args.repeats, args.threads, args.prompts_per_set, args.pass_reps = 6, 1, 1, 1, 2
         args.in_process, args.ppl_models, args.ppl_tokens = True, [models.target], 64
     else:
-        from specdec.engine.models import BUILTIN_MODELS
+        from specdec.model_files import BUILTIN_MODELS
 
         gguf = BUILTIN_MODELS[args.target].gguf() if args.target in BUILTIN_MODELS else None
     prompt_sets = load_prompts(Path(PROMPTS_FILE), args.prompts_per_set)

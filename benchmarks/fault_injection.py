@@ -194,7 +194,7 @@ def scenario_admission(args, models, logs) -> dict:
 
 
 def scenario_prompt_logprobs(args, models, logs) -> dict:
-    from specdec.engine.models import load_tokenizer
+    from specdec.model_files import load_tokenizer
 
     tp, gp = free_port(), free_port()
     target = ServiceProc("target", ["target-service", "--model", models.long_target, "--host", HOST, "--port",

@@ -34,7 +34,7 @@ from gateway.deadlines import CallDeadline
 from specdec.errors import BackendUnavailableError, DeadlineExceededError, SequenceNotFoundError, SequencePreemptedError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal, VerifyResult
-from specdec.sampling import SamplingParams
+from specdec.sampling_params import SamplingParams
 from specdec.serving.grpc_errors import error_from_rpc
 from specdec.serving.metrics import HISTORY_RESENDS, gateway_series
 from specdec.serving.batching import BATCH_HINT_KEY

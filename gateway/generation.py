@@ -20,8 +20,8 @@ from specdec.config import MODEL_FREE_METHODS, SpeculativeConfig, check_vocab_co
 from specdec.decoding import Lookahead, decode
 from specdec.proposal import TokenLogprob, check_num_speculative_tokens
 from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SpecDecError
-from specdec.engine.models import load_tokenizer
-from specdec.sampling import SamplingParams
+from specdec.model_files import load_tokenizer
+from specdec.sampling_params import SamplingParams
 from specdec.sequence import SequenceState
 from specdec.structured import GrammarCompiler
 from specdec.serving import metrics

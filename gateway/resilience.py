@@ -23,7 +23,7 @@ from collections.abc import Callable
 from specdec.errors import (BackendUnavailableError, DeadlineExceededError, InvalidRequestError,
                             ResourceExhaustedError, SequencePreemptedError, SpecDecError)
 from specdec.proposal import Proposal
-from specdec.sampling import SamplingParams
+from specdec.sampling_params import SamplingParams
 from specdec.serving import metrics
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
     from specdec.llm import LLM, CompletionOutput, RequestOutput
-    from specdec.sampling import SamplingParams, SpecDecodeStats
+    from specdec.sampling_params import SamplingParams, SpecDecodeStats
 
 __all__ = ["LLM", "SamplingParams", "SpeculativeConfig", "RequestOutput", "CompletionOutput", "SpecDecodeStats"]
 __version__ = "0.1.0"
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 # Imported on first use (PEP 562): `python -m specdec.entrypoints.healthcheck`, run by container probes every few
 # seconds, must not pay for importing torch and transformers.
 _LAZY = {"LLM": "specdec.llm", "CompletionOutput": "specdec.llm", "RequestOutput": "specdec.llm",
-         "SamplingParams": "specdec.sampling", "SpecDecodeStats": "specdec.sampling",
+         "SamplingParams": "specdec.sampling_params", "SpecDecodeStats": "specdec.sampling_params",
          "SpeculativeConfig": "specdec.config"}
 
 

@@ -108,7 +108,7 @@ def calibrate(draft, target, token_ids: list[int], k_max: int, reps: int = 3) ->
     import uuid
 
     from specdec.proposal import Proposal
-    from specdec.sampling import SamplingParams
+    from specdec.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=None)
     sid = f"__calibrate_{uuid.uuid4().hex[:8]}__"

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from specdec.history import TokenHistory, common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal, VerifyResult
-from specdec.sampling import SamplingParams
+from specdec.sampling_params import SamplingParams
 from specdec.sequence import SequenceState
 
 

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the seeds are plain integers (a gateway reads them); the noise is torch's, imported where drawn
+    import torch
 
 _SEED_RANGE = 2**63
 
@@ -84,6 +86,8 @@ def race_noise(seed: int, positions: Sequence[int], vocab: int, device: torch.de
     """Exp(1) noise [len(positions), vocab] float32 on ``device``: row i is E_t for t = positions[i] (the
     number of tokens before the token being chosen, prompt included), a function of (seed, t) only, and
     the same on the ids two calls with different ``vocab`` share (see the module docstring)."""
+    import torch
+
     if vocab < 1:
         raise ValueError(f"vocab must be >= 1, got {vocab}")
     key = coupling_key(seed)

@@ -9,7 +9,7 @@ from typing import Any
 
 from specdec.history import TokenHistory
 from specdec.proposal import Proposal, TokenLogprob, VerifyResult
-from specdec.sampling import SamplingParams, SpecDecodeStats
+from specdec.sampling_params import SamplingParams, SpecDecodeStats
 
 
 class IncrementalDetokenizer:

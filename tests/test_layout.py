@@ -1,10 +1,12 @@
 """The three floors, checked on the source: the library knows no service and no grpc, serving code never
 imports torch, services never import each other, the kernels import nothing above them, configuration is a
-leaf, and no hand-written module is over 700 lines."""
+leaf, the gateway imports no torch, and no hand-written module is over 700 lines."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,80 @@ def test_transformers_does_not_take_our_kernels_package_for_hugging_faces():
     from transformers.utils import is_kernels_available
 
     assert not is_kernels_available(), "uninstall Hugging Face's `kernels` (scripts/install.sh does)"
+
+
+# What the gateway process imports when it starts. It runs no model: torch (and what imports it: xgrammar, transformers'
+# model classes) stays out, reached directly or through any module in between. A structured-output request compiles
+# its grammar with xgrammar, which imports torch then (``specdec.structured``).
+GATEWAY_ENTRY_POINTS = ("gateway.__main__", "gateway.server", "gateway.openai.api_server", "specdec.model_files")
+NOT_IN_THE_GATEWAY = ("torch", "triton", "xgrammar")
+
+
+def _module_path(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_at_start(path: Path) -> set[str]:
+    """The modules a file imports when it is imported: module-level statements, not function bodies, not
+    ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text(), str(path)).body)
+    return found
+
+
+def import_chains(entry_points: tuple[str, ...], banned: tuple[str, ...]) -> list[str]:
+    """Each way a banned module is imported at start-up from the entry points: 'a -> b -> torch'."""
+    chains, seen, queue = [], set(), [(name, (name,)) for name in entry_points]
+    while queue:
+        name, chain = queue.pop(0)
+        path = _module_path(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # packages run first
+        for imported in [*parents, *sorted(_imported_at_start(path))]:
+            if imported.split(".")[0] in banned:
+                chains.append(" -> ".join((*chain, imported)))
+            elif imported not in seen:
+                queue.append((imported, (*chain, imported)))
+    return chains
+
+
+def test_the_gateway_imports_no_torch():
+    assert import_chains(GATEWAY_ENTRY_POINTS, NOT_IN_THE_GATEWAY) == []
+    # the walk follows modules in between: the services' entry points do reach torch, through the library
+    assert any(chain.endswith("-> torch") and chain.count("->") >= 2
+               for chain in import_chains(("target_service.__main__",), ("torch",)))
+
+
+def test_a_started_gateway_has_not_imported_torch(tmp_path):
+    """The same in a real interpreter, with a real tokenizer loaded as the gateway loads it."""
+    code = ("import sys\n"
+            f"import {', '.join(GATEWAY_ENTRY_POINTS)}\n"
+            "from specdec.model_files import load_tokenizer\n"
+            "tokenizer = load_tokenizer('smollm2-135m')\n"
+            "assert tokenizer('hello').input_ids, 'the tokenizer encodes'\n"
+            f"print(sorted(m for m in {NOT_IN_THE_GATEWAY!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

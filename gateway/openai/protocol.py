@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.openai.structured import structured_from_request
 from specdec.errors import InvalidRequestError as SpecDecInvalid, SpecDecError, openai_error_body
-from specdec.sampling import MAX_LOGPROBS, SamplingParams, SpecDecodeStats
+from specdec.sampling_params import MAX_LOGPROBS, SamplingParams, SpecDecodeStats
 from specdec.sequence import SequenceState
 from specdec.serving.metrics import request_error
 

@@ -6,7 +6,7 @@ from gateway.generation import Gateway
 from gateway.limits import check_request_limits
 from gateway.openai.protocol import OpenAIRequest
 from specdec.errors import InvalidRequestError, ModelNotFoundError
-from specdec.sampling import SamplingParams
+from specdec.sampling_params import SamplingParams
 from specdec.seeding import output_seed
 from specdec.sequence import SequenceState
 

@@ -21,7 +21,8 @@ from specdec.distill.config import DistillConfig
 from specdec.distill.corpus import Dataset, prepare_data, separator_id
 from specdec.distill.onpolicy import GeneratedData
 from specdec.distill.teacher import TeacherCache, chunks_per_shard
-from specdec.engine.models import load_model, model_construction, tokenizer_fingerprint
+from specdec.engine.models import load_model
+from specdec.model_files import model_construction, tokenizer_fingerprint
 
 logger = logging.getLogger("specdec.distill")  # one logger for the whole command
 

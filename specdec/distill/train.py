@@ -27,7 +27,7 @@ from specdec.distill.model_card import fmt_mb, write_model_card
 from specdec.distill.prepare import Prepared, label_shards, prepare
 from specdec.distill.schedule import lr_at, make_optimizer, training_progress
 from specdec.distill.summary import summarize
-from specdec.engine.models import model_construction
+from specdec.model_files import model_construction
 
 logger = logging.getLogger("specdec.distill")  # one logger for the whole command
 

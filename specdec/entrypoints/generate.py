@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from specdec.config import DEFAULT_TARGET, default_speculative_config
     from specdec.llm import LLM
-    from specdec.sampling import SamplingParams
+    from specdec.sampling_params import SamplingParams
 
     spec = args.speculative_config
     if spec is None and args.model is None:

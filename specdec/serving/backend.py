@@ -26,7 +26,7 @@ from specdec.engine.scheduler import (DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, DEFA
                                       DEFAULT_MAX_NUM_PARTIAL_PREFILLS, check_budget)
 from specdec.engine.runner import (DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, DEFAULT_QUANTIZATION, ModelRunner,
                                    set_num_threads)
-from specdec.sampling import SamplingParams
+from specdec.sampling_params import SamplingParams
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
 from specdec.serving.metrics import ServiceMetrics, set_build_info
@@ -249,7 +249,7 @@ class Backend:
         """A TLI adapter when the target's tokenizer is given and differs from the draft's."""
         if not self.target_tokenizer:
             return None
-        from specdec.engine.models import load_tokenizer, tokenizer_fingerprint
+        from specdec.model_files import load_tokenizer, tokenizer_fingerprint
         from specdec.tli.adapter import TLIAdapter
 
         target_tok = load_tokenizer(self.target_tokenizer)

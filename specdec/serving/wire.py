@@ -8,10 +8,9 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from specdec import sparse_probs
 from specdec.errors import InvalidRequestError
 from specdec.proposal import TokenLogprob
-from specdec.sampling import SamplingParams
+from specdec.sampling_params import SamplingParams
 from specdec.v1 import common_pb2
 
 
@@ -56,11 +55,15 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
 
 def probs_to_proto(probs) -> list[common_pb2.TokenDistribution]:
     """[k, vocab] q → one TokenDistribution per row, sparse when that is smaller."""
+    from specdec import sparse_probs  # torch: imported where tensors are met (a gateway relays rows as they came)
+
     return [common_pb2.TokenDistribution(token_ids=ids, probs=values) for ids, values in sparse_probs.to_rows(probs)]
 
 
 def probs_from_proto(rows: Iterable[common_pb2.TokenDistribution], k: int, vocab_size: int):
     """The rows back to a [k, vocab_size] tensor (None: no rows, one-hot drafts)."""
+    from specdec import sparse_probs
+
     return sparse_probs.from_rows(((row.token_ids, row.probs) for row in rows), k, vocab_size)
 
 

@@ -46,7 +46,7 @@ from specdec.tli.id_maps import mask_ids, scatter_ids
 
 from specdec.errors import ConfigError
 from specdec.engine.cache_files import cache_root
-from specdec.engine.models import tokenizer_fingerprint
+from specdec.model_files import tokenizer_fingerprint
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@
   alone.
 - SIGTERM drains (--drain-grace-seconds): readiness turns false at once (health NOT_SERVING, HTTP /ready
   503), new work is refused with UNAVAILABLE / 503, the stream in flight completes intact, and the process
-  exits 0 within the window. Checked for the target service and for the gateway process.
+  exits 0 within the window. Checked for the target service and for the gateway process (which serves
+  with no torch library mapped: it runs no model).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -168,6 +170,11 @@ def test_sigterm_drains_the_gateway_process(processes, target_llm, tmp_path):
             except (OSError, ValueError):
                 return False
         wait_until(ready, timeout=120, interval=0.2, what="the gateway process to be ready")
+        # it runs no model: a seeded sampled request served maps no torch library (tests/test_layout.py: the imports)
+        status, body = _http(http_port, "/v1/completions", {"prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0.8,
+                                                            "seed": 7})
+        assert status == 200 and body["choices"][0]["text"], body
+        assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         reference = offline_greedy(target_llm, PROMPTS[0], MAX_TOKENS)
         # the target holds still while the stream is in flight, so SIGTERM surely finds it there

@@ -336,7 +336,7 @@ def tli_pair() -> TLIPair:
 @pytest.fixture(scope="module")
 def tli_stub(servers, tli_pair):
     import gateway.generation
-    import specdec.engine.models
+    import specdec.model_files
     import specdec.serving.backend
 
     def load_tokenizer(name, revision=None):
@@ -344,7 +344,7 @@ def tli_stub(servers, tli_pair):
 
     with pytest.MonkeyPatch.context() as mp:  # only while the services load
         mp.setattr(specdec.serving.backend, "load_model", lambda name, **kw: tli_pair.models[name])
-        mp.setattr(specdec.engine.models, "load_tokenizer", load_tokenizer)
+        mp.setattr(specdec.model_files, "load_tokenizer", load_tokenizer)
         mp.setattr(gateway.generation, "load_tokenizer", load_tokenizer)
         target = servers.target("tiny-gemma-target", num_threads=1, seeded_sampling="rejection")
         draft = servers.draft("tiny-smollm2-draft", num_threads=1, target_tokenizer="tiny-gemma-target")

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.engine.models import load_model, model_construction
+from specdec.engine.models import load_model
+from specdec.model_files import model_construction
 from tests.requirements import require_package
 
 pytestmark = [

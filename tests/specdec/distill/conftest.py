@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.engine.models import model_construction
+from specdec.model_files import model_construction
 
 WORDS = ("the model draft token target layer cache speculative decoding accepts rejects proposes verifies "
          "python function returns value list dict string number loop while for if else class method").split()

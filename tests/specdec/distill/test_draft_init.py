@@ -6,7 +6,7 @@ import torch
 
 from specdec.distill.config import DistillConfig
 from specdec.distill.draft_init import init_draft, make_draft_config
-from specdec.engine.models import model_construction
+from specdec.model_files import model_construction
 
 
 def test_same_width_copy_init(setup):

@@ -17,7 +17,8 @@ from tests.specdec.distill.helpers import distill_argv
 
 def test_distill_end_to_end_and_resume(setup):
     from specdec.entrypoints.cli import main
-    from specdec.engine.models import load_model, tokenizer_fingerprint
+    from specdec.engine.models import load_model
+    from specdec.model_files import tokenizer_fingerprint
 
     root, corpus, target_dir = setup
     out = root / "draft"

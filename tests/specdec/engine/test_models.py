@@ -9,9 +9,10 @@ import torch
 
 from specdec.errors import ModelNotFoundError, SpecDecError
 from specdec.engine.kv_cache import SequenceKVCache
-from specdec.engine.models import load_model, parse_dtype, resolve_model_path, tokenizer_fingerprint
+from specdec.engine.models import load_model, parse_dtype
 
 # --------------------------------------------------------------------------------------------------
+from specdec.model_files import resolve_model_path, tokenizer_fingerprint
 # resolution
 
 
@@ -221,7 +222,7 @@ def test_concurrent_loads_keep_weight_tying(tmp_path, tokenizer):
 
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-    from specdec.engine.models import model_construction
+    from specdec.model_files import model_construction
 
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
@@ -254,7 +255,7 @@ def test_construction_guard_repairs_tying_broken_outside_it():
     """A load outside specdec's lock that leaves tie_weights disabled is repaired by the next guarded one."""
     from transformers import PreTrainedModel
 
-    from specdec.engine.models import model_construction
+    from specdec.model_files import model_construction
 
     with model_construction():  # first guarded use records transformers' own method
         pass
@@ -273,7 +274,9 @@ def test_folders_with_the_same_tokenizer_files_share_one_tokenizer(target_dir, t
     import json
     import shutil
 
-    from specdec.engine.models import load_model, load_tokenizer
+    from specdec.engine.models import load_model
+
+    from specdec.model_files import load_tokenizer
 
     copy = tmp_path / "copy"
     shutil.copytree(target_dir, copy)

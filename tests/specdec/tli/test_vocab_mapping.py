@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec.errors import ConfigError
-from specdec.engine.models import tokenizer_fingerprint
+from specdec.model_files import tokenizer_fingerprint
 from specdec.tli import (
     VocabMapping,
     analyze_tokenizer,

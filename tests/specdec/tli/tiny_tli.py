@@ -36,7 +36,7 @@ def require_packages(*names: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _tokenizers():
-    from specdec.engine.models import load_tokenizer
+    from specdec.model_files import load_tokenizer
 
     return load_tokenizer(TARGET_NAME), load_tokenizer(DRAFT_NAME)
 

