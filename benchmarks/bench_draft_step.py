@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, json_path, print_table, smoke_environment, smoke_models, step_ms, write_json  # noqa: E402
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-from specdec.engine.lean_decoder import unsupported_reason  # noqa: E402
+from specdec.engine.lean_forward import unsupported_reason  # noqa: E402
 from specdec.engine.models import load_model  # noqa: E402
 from specdec.engine.runner import ModelRunner  # noqa: E402
 

@@ -44,6 +44,7 @@ from common import PROMPTS, _truncated_tokenizer, add_common_args, json_path, pr
 
 from gateway.clients import SentHistory  # noqa: E402
 from specdec.decoding import Lookahead  # noqa: E402
+from specdec.drafting_state import DraftingState  # noqa: E402
 from specdec.history import TokenHistory, mark_of  # noqa: E402
 from specdec.ngram import NgramIndex  # noqa: E402
 from specdec.proposal import Proposal  # noqa: E402
@@ -196,7 +197,7 @@ class _Runner:  # what Backend.history reads of a runner
 
 class _HeldSeq:
     def __init__(self, tokens):
-        self.tokens, self.vocab_state, self.last_used = tokens, {}, 0.0
+        self.tokens, self.state, self.last_used = tokens, DraftingState(), 0.0
 
 
 def backend_history(n: int, rounds: int, old: bool, rng: random.Random) -> list[float]:

@@ -36,7 +36,7 @@ from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, cpu_info, json_path
                     smoke_environment, smoke_models, step_ms, write_json)
 
 from specdec import LLM, SamplingParams  # noqa: E402
-from specdec.engine.lean_decoder import unsupported_reason  # noqa: E402
+from specdec.engine.lean_forward import unsupported_reason  # noqa: E402
 from specdec.engine.runner import ModelRunner  # noqa: E402
 
 TARGETS = ["smollm2-135m", "gemma-3-270m"]

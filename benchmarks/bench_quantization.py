@@ -149,10 +149,10 @@ def pass_rows(args) -> list[dict]:
 
 
 def perplexity_rows(args) -> list[dict]:
-    from specdec.engine.lean_decoder import lean_decoder
+    from specdec.engine.lean_forward import lean_decoder
     from specdec.engine.models import load_model
     from specdec.engine.perplexity import shipped_text, text_perplexity
-    from specdec.engine.quant_plan import build_plan
+    from specdec.engine.quant_calibration import build_plan
 
     rows = []
     text = shipped_text("heldout")

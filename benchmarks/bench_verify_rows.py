@@ -37,7 +37,7 @@ KS = [0, 1, 2, 4, 8, 15, 16, 24, 31, 32]
 
 
 def measure(worker, context: list[int], k: int, reps: int, name: str) -> float:
-    from specdec.engine.workers import VerifyCall
+    from specdec.calls import VerifyCall
     from specdec.proposal import Proposal
     from specdec.sampling import SamplingParams
 

@@ -15,7 +15,7 @@ from specdec.serving.grpc_errors import map_errors
 from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
 from specdec.serving.wire import probs_to_proto, sampling_from_proto
 from specdec.v1 import draft_service_pb2, draft_service_pb2_grpc
-from specdec.engine.workers import ProposeCall
+from specdec.calls import ProposeCall
 
 SERVICE_NAME = draft_service_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 _METHODS = {

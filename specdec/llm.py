@@ -14,7 +14,8 @@ from specdec.config import (DEFAULT_TARGET, SpeculativeConfig, check_quantizatio
                             legacy_speculative_config)
 from specdec.decoding import Lookahead, decode
 from specdec.engine.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING
-from specdec.engine.runner import DEFAULT_BATCH_INVARIANT, DEFAULT_QUANTIZATION, ModelRunner
+from specdec.engine.network import DEFAULT_BATCH_INVARIANT, DEFAULT_QUANTIZATION
+from specdec.engine.runner import ModelRunner
 from specdec.engine.workers import DraftWorker, TargetWorker
 from specdec.errors import ConfigError, InvalidRequestError
 from specdec.engine.models import LoadedModel, load_model, model_max_len
@@ -116,7 +117,7 @@ class LLM:
         variable ``SPECDEC_DTYPE_AUTO=float32|bfloat16`` pins it); an explicit dtype is used as given. ``kernels``:
         "auto" (Triton on CUDA, torch on CPU), "triton" or "torch" (default: $SPECDEC_KERNELS, else auto).
         ``lean_forward``: run both models through specdec's lean forward where their architecture allows
-        (default: yes, ``specdec.engine.runner.DEFAULT_LEAN_FORWARD``); False: transformers' forward.
+        (default: yes, ``specdec.engine.network.DEFAULT_LEAN_FORWARD``); False: transformers' forward.
         ``kv_cache_memory`` (bytes of each model's KV block pool; default: 2 GiB on CPU, 90% of free memory on
         CUDA), ``block_size`` and ``enable_prefix_caching``: vLLM's settings of the same names.
         ``batch_invariant``: forward passes whose logits do not depend on the shape of the pass (docs/exactness.md,

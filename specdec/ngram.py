@@ -23,7 +23,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specdec.calls import ProposeCall, until_finished
 from specdec.config import check_lookup
+from specdec.drafting_state import DraftingState
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal
@@ -134,7 +136,7 @@ class _NgramSequence:
     index: Any  # an NgramIndex, or another index (specdec.suffix.SuffixIndex)
     tokens: list[int] = field(default_factory=list)  # (the runner interface: what the service holds)
     last_used: float = field(default_factory=time.monotonic)
-    vocab_state: dict = field(default_factory=dict)
+    state: DraftingState = field(default_factory=DraftingState)
 
 
 class NgramStore:
@@ -222,8 +224,8 @@ class _Call:
 class HybridDraftWorker:
     """N-gram lookup first; the draft model drafts for the sequences without a match.
 
-    Each sequence's index lives with the model's sequence (``vocab_state``), so it is released and
-    expired with it, and it records the committed history the service holds (``target_ids``) even
+    Each sequence's index lives with the model's sequence (``state.lookup_index``), so it is released and
+    expired with it, and it records the committed history the service holds (``state.held_target_ids``) even
     over rounds the model did not draft."""
 
     def __init__(self, model_worker, new_index, model_k: int | None = None):
@@ -234,8 +236,6 @@ class HybridDraftWorker:
         self.model_k = model_k  # the model's drafts per round (None: the call's k); lookups take the call's k
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
-        from specdec.engine.workers import ProposeCall, until_finished
-
         result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
         if isinstance(result, BaseException):
             raise result
@@ -245,12 +245,12 @@ class HybridDraftWorker:
         if not call.token_ids:
             raise InvalidRequestError("draft: the sequence is empty", param="prompt")
         seq = self.runner.get_or_create(call.sequence_id, call.params.seed, call.params.priority)
-        index = seq.vocab_state.get("ngram")
+        index = seq.state.lookup_index
         if index is None:
-            index = seq.vocab_state["ngram"] = self.new_index()
+            index = seq.state.lookup_index = self.new_index()
         index.sync(call.token_ids)
         if self.tli is None:  # (a TLI draft keeps its target ids itself)
-            seq.vocab_state["target_ids"] = index.tokens
+            seq.state.held_target_ids = index.tokens
         return Proposal(index.propose(call.num_speculative_tokens))
 
     def propose_batch(self, calls: list) -> list[Proposal | SpecDecError]:

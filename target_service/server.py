@@ -16,7 +16,7 @@ from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
 from specdec.serving.wire import logprobs_to_proto, optional_field, probs_from_proto, sampling_from_proto
 from specdec.v1 import target_service_pb2, target_service_pb2_grpc
 
-from specdec.engine.workers import VerifyCall
+from specdec.calls import VerifyCall
 from target_service.config import TargetServiceConfig
 
 SERVICE_NAME = target_service_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name

@@ -7,6 +7,7 @@ import copy
 import logging
 import math
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -277,3 +278,15 @@ def _projected_text(tc: Any, dc: Any, emb_text: str, layer_ids: list[int], proje
         parts.append(f"MLP: the {I} of {tc.intermediate_size} neurons with the largest weight norms")
     parts.append("final norm " + ("projected" if projected else "copied"))
     return "; ".join(parts)
+
+
+@dataclass
+class Draft:
+    """The draft being trained, with its optimizer."""
+
+    model: Any
+    config: Any  # its transformers config
+    optimizer: torch.optim.Optimizer
+    init_info: dict[str, Any]  # how it was initialised (for the model card)
+    embed_scale: float  # LR multiplier of the tied embeddings; 0: frozen
+    same_width: bool  # the target's hidden size

@@ -10,7 +10,7 @@ import torch
 if TYPE_CHECKING:
     from specdec.distill.checkpoint import Progress
     from specdec.distill.prepare import Prepared
-    from specdec.distill.train import Draft
+    from specdec.distill.draft_init import Draft
 
 
 def summarize(prep: Prepared, draft: Draft, p: Progress, *, command: str, size: int, final: dict[str, Any],

@@ -10,7 +10,6 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,7 +18,7 @@ from tqdm.auto import tqdm
 
 from specdec.distill.checkpoint import Progress, checkpoint_file, load_checkpoint, save_checkpoint
 from specdec.distill.config import DistillConfig, command_line
-from specdec.distill.draft_init import init_draft, load_draft_weights, make_draft_config
+from specdec.distill.draft_init import Draft, init_draft, load_draft_weights, make_draft_config
 from specdec.distill.evaluate import acceptance_estimate, evaluate
 from specdec.distill.export import build_draft_vocab, export_draft, write_draft_vocab
 from specdec.distill.loss import distill_loss
@@ -67,18 +66,6 @@ def distill(cfg: DistillConfig, command: str | None = None) -> dict[str, Any]:
 
     _train(prep, draft, progress, save)
     return _export_and_evaluate(prep, draft, progress, command or command_line(cfg), t_invocation)
-
-
-@dataclass
-class Draft:
-    """The draft being trained, with its optimizer."""
-
-    model: Any
-    config: Any  # its transformers config
-    optimizer: torch.optim.Optimizer
-    init_info: dict[str, Any]  # how it was initialised (for the model card)
-    embed_scale: float  # LR multiplier of the tied embeddings; 0: frozen
-    same_width: bool  # the target's hidden size
 
 
 def _build_draft(prep: Prepared, state: dict[str, Any] | None) -> Draft:

@@ -13,7 +13,7 @@ as one flat batch over its KV pool (``specdec.engine.attention``). Called like t
 sequence (``input_ids``, ``position_ids``, a ``Cache`` whose layers have ``update``, ``logits_to_keep``), it
 returns an object with ``.logits`` (the tests compare the two forwards that way). Anything it
 does not support (another architecture, MLP biases, tensor-parallel splits, rope that rescales with the
-length) makes :func:`unsupported_reason` say why and :func:`lean_decoder` return None; the runner then logs
+length) makes :func:`specdec.engine.lean_forward.unsupported_reason` say why and ``lean_forward.lean_decoder`` return None; the runner then logs
 the reason and keeps the transformers forward.
 
 Its logits equal transformers' up to rounding (tests compare them on tiny and real models, fp32 and bf16).
@@ -351,26 +351,3 @@ class LeanDecoder:
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return SimpleNamespace(logits=self._logits(x))
-
-
-def decoder_class(model: Any) -> type[LeanDecoder]:
-    """The lean decoder class for ``model``'s architecture (whether it supports this model or not)."""
-    if getattr(model.config, "model_type", None) == "gemma3_text":
-        from specdec.engine.lean_gemma3 import LeanGemma3Decoder
-
-        return LeanGemma3Decoder
-    return LeanDecoder
-
-
-def unsupported_reason(model: Any) -> str | None:
-    """Why no lean decoder can run ``model`` (None: one can)."""
-    return decoder_class(model).unsupported_reason(model)
-
-
-def lean_decoder(model: Any, vocab_subset: torch.Tensor | None = None, use_onednn: bool = True,
-                 batch_invariant: bool = False, quant: QuantPlan | None = None) -> LeanDecoder | None:
-    """A lean decoder for ``model`` (see :func:`decoder_class`), or None where it is unsupported."""
-    cls = decoder_class(model)
-    if cls.unsupported_reason(model) is not None:
-        return None
-    return cls(model, vocab_subset, use_onednn, batch_invariant, quant)

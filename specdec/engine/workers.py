@@ -6,7 +6,7 @@ the offline ``LLM`` calls them directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -16,36 +16,13 @@ from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from kernels.dispatch import resolve
 from specdec.rejection import RaggedBatch, race_scores
 from specdec.rejection import accept as accept_batch  # by the resolved backend (a name the negative controls swap)
-from specdec.engine.runner import UNFINISHED, ModelRunner, _Sequence
+from specdec.calls import UNFINISHED, ProposeCall, VerifyCall, until_finished
+from specdec.engine.kv_manager import CachedSequence
+from specdec.engine.runner import ModelRunner
 from specdec.engine.scoring import RowLogits, materialize
 from specdec.token_mask import apply_token_bitmask
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
-
-
-@dataclass
-class ProposeCall:
-    sequence_id: str
-    token_ids: list[int]  # the sequence's full committed history
-    num_speculative_tokens: int
-    params: SamplingParams
-    draft_sample_method: str | None = None  # None: the worker's default
-
-
-@dataclass
-class VerifyCall:
-    sequence_id: str
-    token_ids: list[int]  # the sequence's full committed history
-    proposal: Proposal
-    params: SamplingParams
-
-
-def until_finished(run_batch, call):
-    """``run_batch([call])``'s one result, run again while its prompt is being prefilled in chunks."""
-    while True:
-        (result,) = run_batch([call])
-        if result is not UNFINISHED:
-            return result
 
 
 def _per_call(calls, prepare):
@@ -95,7 +72,7 @@ class DraftWorker:
                 check_draft_sample_method(method)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed, call.params.priority)
                 seq.begin_round(len(call.token_ids))
-                history = self.tli.draft_history(seq.vocab_state, call.token_ids) if self.tli else call.token_ids
+                history = self.tli.draft_history(seq.state, call.token_ids) if self.tli else call.token_ids
                 k = call.num_speculative_tokens
                 if self.tli is not None:
                     # The re-tokenized text may be empty (a prompt of special tokens only) or reach past
@@ -209,7 +186,7 @@ class TargetWorker:
                 scored = call.params.prompt_logprobs is not None
                 if scored:  # score the whole prompt: feed it all again (no prefix-cache hits)
                     runner.check_scoring(len(call.token_ids) + len(call.proposal.draft_token_ids))
-                    runner.truncate(seq, 0)
+                    runner.cache.truncate(seq, 0)
                 new = runner.sync(seq, call.token_ids, reuse=not scored) + call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
                 return call, seq, new
@@ -238,14 +215,14 @@ class TargetWorker:
                     return results
                 for (i, call, seq, _), logits, (n, next_token) in zip(rows, all_logits, accepted):
                     # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
-                    runner.truncate(seq, len(call.token_ids) + n)
+                    runner.cache.truncate(seq, len(call.token_ids) + n)
                     try:
                         results[i] = with_logprobs(VerifyResult(n, next_token), call, logits)
                     except SpecDecError as exc:  # one row's error stays with that row
                         results[i] = exc
         return results
 
-    def _accept(self, calls: list[VerifyCall], seqs: list[_Sequence], logits: list[torch.Tensor]) -> list[tuple[int, int]]:
+    def _accept(self, calls: list[VerifyCall], seqs: list[CachedSequence], logits: list[torch.Tensor]) -> list[tuple[int, int]]:
         """logits: per call [k + 1, vocab] — the target after each draft prefix. → (accepted, next token) per call."""
         greedy, targets = [], []
         for lg, c in zip(logits, calls):

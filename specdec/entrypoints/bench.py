@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from specdec.config import DEFAULT_HTTP_PORT
+from specdec.entrypoints.bench_result import SPEC_COUNTERS, RequestResult
 from specdec.serving import settings
 
 ENV_PREFIX = "SPECDEC_BENCH"
@@ -41,7 +42,6 @@ DATASETS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "open-ended": ("drafting.json", ("open_ended",), "chat"),
     "mixed": ("drafting.json", ("input_grounded", "open_ended"), "chat"),  # every other prompt of each
 }
-SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POS = "num_accepted_tokens_per_pos"  # usage.spec_decode's list; /metrics' counter with a position label
 PERCENTILES = (50, 90, 99)
 logger = logging.getLogger(__name__)
@@ -78,18 +78,6 @@ class BenchConfig:
     out: str | None = field(default=None, metadata={"help": "also write the JSON result to this file"})
     plot: bool = field(default=True, metadata={"help": "with --out, also write a PNG beside it (same stem): latency "
                                                        "percentiles, acceptance per draft position"})
-
-
-@dataclass
-class RequestResult:
-    ok: bool = False
-    error: str = ""
-    ttft: float = 0.0
-    itl: list[float] = field(default_factory=list)
-    e2e: float = 0.0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    spec_decode: dict[str, Any] | None = None
 
 
 def load_dataset(name: str) -> tuple[list[str], str]:

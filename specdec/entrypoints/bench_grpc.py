@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from specdec.entrypoints.bench import SPEC_COUNTERS, RequestResult
+from specdec.entrypoints.bench_result import SPEC_COUNTERS, RequestResult
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc
 
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.config import DEFAULT_TARGET, check_quantization, parse_byte_size
+from specdec.drafting_state import AnsweredHistory
 from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SequenceNotFoundError
 from specdec.engine.memory import resident_bytes
 from specdec.engine.dtype_choice import dtype_name
@@ -24,13 +25,14 @@ from specdec.engine.kv_cache import (DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_C
                                      DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_KV_CACHE_MEMORY)
 from specdec.engine.scheduler import (DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, DEFAULT_MAX_NUM_BATCHED_TOKENS,
                                       DEFAULT_MAX_NUM_PARTIAL_PREFILLS, check_budget)
-from specdec.engine.runner import (DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, DEFAULT_QUANTIZATION, ModelRunner,
-                                   set_num_threads)
+from specdec.engine.network import DEFAULT_BATCH_INVARIANT, DEFAULT_LEAN_FORWARD, DEFAULT_QUANTIZATION
+from specdec.engine.runner import ModelRunner, set_num_threads
 from specdec.sampling_params import SamplingParams
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING
 from specdec.serving.batching import ComputeThread, ContinuousBatcher
 from specdec.serving.metrics import ServiceMetrics, set_build_info
-from specdec.engine.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
+from specdec.calls import ProposeCall, VerifyCall
+from specdec.engine.workers import DraftWorker, TargetWorker
 
 logger = logging.getLogger(__name__)
 NGRAM_MAX_MODEL_LEN = 1 << 20  # an n-gram draft has no context limit of its own
@@ -204,7 +206,7 @@ class Backend:
                                          compute=self.compute,
                                          expected=self._active_sequences, max_wait_s=cfg.batch_wait_ms / 1000,
                                          defer_to_others=self.role == "draft",
-                                         decoding=self.runner.decoding if self.lm is not None else None,
+                                         decoding=self.runner.cache.decoding if self.lm is not None else None,
                                          thread_init=lambda: set_num_threads(threads))
         self._warmup()
         self.metrics.track_cached(lambda: len(self.runner.sequences))
@@ -340,7 +342,8 @@ class Backend:
                 seq = self.runner.sequences.get(sequence_id)
                 # A TLI draft caches its own ids and a hybrid one skips the model on lookup rounds: both
                 # keep the history they were sent (target ids) beside their cache.
-                held_ids = ([] if seq is None else seq.vocab_state.get("target_ids", [] if self.tli else seq.tokens))
+                held_ids = ([] if seq is None else seq.state.held_target_ids if seq.state.held_target_ids is not None
+                            else [] if self.tli else seq.tokens)
                 if start_position > 0 and (seq is None or len(held_ids) < start_position):
                     held = len(held_ids)
                     self.metrics.cache_miss()
@@ -350,7 +353,8 @@ class Backend:
                     )
                 if seq is not None:
                     # (the held ids then, the history returned then, how many leading ids they shared)
-                    held_then, tokens, shared = seq.vocab_state.get("history") or (None, TokenHistory(), 0)
+                    answered = seq.state.answered or AnsweredHistory(None, TokenHistory(), 0)
+                    held_then, tokens, shared = answered.held_then, answered.tokens, answered.shared
                     if start_position == 0:
                         tokens.truncate(common_prefix(tokens, new_token_ids))
                         tokens += new_token_ids[len(tokens):]
@@ -360,7 +364,7 @@ class Backend:
                         tokens.truncate(min(same, start_position))
                         tokens += held_ids[len(tokens):start_position]
                         tokens += new_token_ids
-                    seq.vocab_state["history"] = (held_ids, tokens, start_position)
+                    seq.state.answered = AnsweredHistory(held_ids, tokens, start_position)
         if tokens is None:  # a new sequence: nothing held
             tokens = TokenHistory(new_token_ids)
         if not tokens:

@@ -22,6 +22,7 @@ import torch
 
 from kernels.dispatch import kernels_mode, resolve
 from specdec.config import TLI_PROPOSALS
+from specdec.drafting_state import DraftingState, RetokenizedContext
 from specdec.errors import ConfigError
 from specdec.history import TokenHistory, common_prefix, mark_of, unchanged_prefix
 from specdec.tli.draft_context import DraftContext
@@ -81,39 +82,36 @@ class TLIAdapter:
     def target_fingerprint(self) -> str:
         return self.mapping.target_fingerprint
 
-    def draft_history(self, state: dict, target_ids: list[int]) -> list[int]:
-        """The draft ids of the committed text ``target_ids`` stand for; ``state`` is per sequence.
+    def draft_history(self, state: DraftingState, target_ids: list[int]) -> list[int]:
+        """The draft ids of the committed text ``target_ids`` stand for; ``state`` is the sequence's.
 
         Incremental: the context re-tokenizes only the text of the new target ids (a small window, see
         ``DraftContext``); given the same ``TokenHistory`` again, only what changed since is compared; and
         the draft ids come back in one list per sequence, changed in place by what the context changed (it
         stays valid until the next call with this state)."""
-        ctx: DraftContext | None = state.get("ctx")
-        seen = state.get("target_ids")  # the target ids ctx holds the text of
-        draft_ids = state.get("draft_ids")  # ctx.ids, kept in place
-        if not isinstance(seen, TokenHistory) or not isinstance(draft_ids, TokenHistory):
-            seen = draft_ids = None
-        if ctx is not None and seen is not None:
-            known = min(unchanged_prefix(state.get("target_source"), state.get("target_mark"), target_ids), len(seen))
+        held = state.retokenized
+        if held is not None:
+            seen = held.target_ids  # the target ids the context holds the text of
+            known = min(unchanged_prefix(held.source, held.mark, target_ids), len(seen))
             if len(target_ids) >= len(seen) and common_prefix(seen, target_ids, known) == len(seen):
                 new = target_ids[len(seen):]
-                stable = ctx.extend_target_ids(new)
+                stable = held.context.extend_target_ids(new)
                 seen += new
-                draft_ids.truncate(stable)
-                draft_ids += ctx.ids_from(len(draft_ids))
-                state["target_source"], state["target_mark"] = mark_of(target_ids)
-                return draft_ids
-        # a new sequence, or a history that does not extend the last one: from the start
-        if seen is None:
-            seen, draft_ids = state["target_ids"], state["draft_ids"] = TokenHistory(), TokenHistory()
-        seen.truncate(0)  # (the same lists: the service compares what it holds with what it sent)
+                held.draft_ids.truncate(stable)
+                held.draft_ids += held.context.ids_from(len(held.draft_ids))
+                held.source, held.mark = mark_of(target_ids)
+                return held.draft_ids
+        # a new sequence, or a history that does not extend the last one: from the start (the same lists: the
+        # service compares what it holds with what it sent)
+        seen, draft_ids = (held.target_ids, held.draft_ids) if held is not None else (TokenHistory(), TokenHistory())
+        seen.truncate(0)
         draft_ids.truncate(0)
-        ctx = state["ctx"] = DraftContext(self.draft_tokenizer, target_tokenizer=self.target_tokenizer,
-                                          prefix_ids=self._prefix)
+        ctx = DraftContext(self.draft_tokenizer, target_tokenizer=self.target_tokenizer, prefix_ids=self._prefix)
         ctx.extend_target_ids(target_ids)
         seen += target_ids
         draft_ids += ctx.ids
-        state["target_source"], state["target_mark"] = mark_of(target_ids)
+        state.retokenized = RetokenizedContext(ctx, seen, draft_ids, *mark_of(target_ids))
+        state.held_target_ids = seen
         return draft_ids
 
     def _fns(self, device: torch.device):

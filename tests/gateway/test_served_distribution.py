@@ -68,6 +68,7 @@ import torch
 import specdec.engine.workers
 from specdec.sampling import SamplingParams, process_logits
 from specdec.v1 import generation_service_pb2_grpc
+from specdec.drafting_state import DraftingState
 from tests.broken_samplers import (accepted_off_by_one, bonus_from_q, recover_from_p, rowwise,
                                    truncate_top_n_unnormalised)
 from tests.services_conftest_helpers import HOST, RPC_TIMEOUT, collect, generate_request
@@ -317,7 +318,7 @@ def tli_pair() -> TLIPair:
     target = tiny_llama(len(tt), seed=0, bos=tt.bos_token_id, eos=tt.eos_token_id, pad=tt.pad_token_id)
     draft = tiny_llama(len(dt), seed=1, bos=dt.bos_token_id, eos=dt.eos_token_id, pad=dt.pad_token_id)
     prompt_ids = list(tt(TLI_PROMPT).input_ids)
-    draft_prompt_ids = TLIAdapter(dt, tt, len(tt)).draft_history({}, prompt_ids)  # what the draft service reads
+    draft_prompt_ids = TLIAdapter(dt, tt, len(tt)).draft_history(DraftingState(), prompt_ids)  # what the draft service reads
     pin_next_token_logits(target, prompt_ids, {single_id(tt, w): v for w, v in TLI_TARGET_LOGITS.items()})
     pin_next_token_logits(draft, draft_prompt_ids, {single_id(dt, w): v for w, v in TLI_DRAFT_LOGITS.items()})
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.engine.workers import ProposeCall, VerifyCall
+from specdec.calls import ProposeCall, VerifyCall
 from specdec.proposal import Proposal
 
 pytestmark = pytest.mark.usefixtures("cached_model_loading")

@@ -9,13 +9,16 @@ import logging
 import pytest
 import torch
 
-from specdec.engine.lean_decoder import LeanDecoder, lean_decoder, unsupported_reason
+from specdec.engine.lean_decoder import LeanDecoder
+
+from specdec.engine.lean_forward import lean_decoder, unsupported_reason
 from specdec.engine.lean_gemma3 import LeanGemma3Decoder
 from specdec.llm import LLM
 from specdec.engine.models import DRAFT_VOCAB_FILE, LoadedModel, load_draft_vocab, load_model
 from specdec.engine.runner import ModelRunner
 from specdec.sampling import SamplingParams
-from specdec.engine.workers import DraftWorker, ProposeCall
+from specdec.calls import ProposeCall
+from specdec.engine.workers import DraftWorker
 from tests.conftest import spec_config
 from tests.requirements import require_package
 
@@ -166,7 +169,7 @@ def test_unsupported_models_keep_the_transformers_forward_and_say_why(caplog):
         LeanGemma3Decoder(capped)
     with pytest.raises(ValueError, match="cannot run this model"):
         LeanDecoder(_tiny("gemma3"))  # the Llama family's class refuses Gemma-3 (lean_decoder picks the right one)
-    with caplog.at_level(logging.INFO, logger="specdec.engine.runner"):
+    with caplog.at_level(logging.INFO, logger="specdec.engine.network"):
         assert ModelRunner(_lm(capped), 64, role="target").net is capped
     assert "keeping transformers' forward" in caplog.text and "attn_logit_softcapping" in caplog.text
     windowed = _tiny("mistral", sliding_window=16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.engine.lean_decoder import lean_decoder
+from specdec.engine.lean_forward import lean_decoder
 from specdec.engine.memory import weight_bytes
 from specdec.engine.models import load_model
 from specdec.engine.quant import QuantLinear

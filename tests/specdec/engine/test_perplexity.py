@@ -13,7 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.engine.lean_decoder import LeanDecoder, lean_decoder
+from specdec.engine.lean_decoder import LeanDecoder
+
+from specdec.engine.lean_forward import lean_decoder
 from specdec.engine.perplexity import TEXT_DIR, TEXTS, perplexity, shipped_text, text_perplexity, windows
 from tests.conftest import PROMPTS as CONFTEST_PROMPTS
 

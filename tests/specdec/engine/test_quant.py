@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from specdec.config import SpeculativeConfig
-from specdec.engine import quant_plan
-from specdec.engine.lean_decoder import lean_decoder
+from specdec.engine import quant_calibration, quant_plan
+from specdec.engine.lean_forward import lean_decoder
 from specdec.engine.models import load_model
 from specdec.engine.quant import QuantLinear, quantization_unavailable, quantize_rows, quantize_weight
-from specdec.engine.quant_plan import QuantPlan, build_plan, save_plan, smoothing
+from specdec.engine.quant_plan import QuantPlan, smoothing
+from specdec.engine.quant_calibration import build_plan, save_plan
 from specdec.engine.runner import ModelRunner
 from specdec.errors import ConfigError
 from specdec.llm import LLM
@@ -115,7 +116,7 @@ def test_the_plan_is_cached_and_read_back_to_the_same_bits(target, tmp_path, mon
         xx = torch.randn(3, a.in_features)
         assert torch.equal(a(xx), b(xx))
     # another mode, or the head quantized, is another file
-    assert quant_plan.cache_path(target.source, target.dtype, "int8", None, ((0.5, False),), False) != path
+    assert quant_calibration.cache_path(target.source, target.dtype, "int8", None, ((0.5, False),), False) != path
     path.write_bytes(b"not safetensors")
     broken, rewrite = build_plan(target, "int8")
     assert rewrite == path and broken.rise is not None  # an unreadable cache is recalibrated, then overwritten
@@ -124,7 +125,7 @@ def test_the_plan_is_cached_and_read_back_to_the_same_bits(target, tmp_path, mon
 def test_calibration_keeps_the_first_setting_within_the_perplexity_budget(target, monkeypatch, caplog):
     plan, _ = build_plan(target, "int8", use_cache=False)  # a target: evaluated on the calibration text
     assert (plan.alpha, plan.quantize_head) == quant_plan.CANDIDATES[0] and plan.rise <= quant_plan.PERPLEXITY_BUDGET
-    monkeypatch.setattr(quant_plan, "PERPLEXITY_BUDGET", -1.0)  # nothing is good enough: the closest, with a warning
+    monkeypatch.setattr(quant_calibration, "PERPLEXITY_BUDGET", -1.0)  # nothing is good enough: the closest, with a warning
     with caplog.at_level(logging.WARNING):
         worst, _ = build_plan(target, "int8", use_cache=False)
     assert "lossy for this model" in caplog.text

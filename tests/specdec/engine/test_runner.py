@@ -99,7 +99,7 @@ def test_a_full_pool_preempts_the_youngest_and_no_output_changes(target_lm):
     preempted (its blocks freed), comes back with its history, and every output equals a big pool's."""
     small = ModelRunner(target_lm, 256, role="target", kv_cache_memory=_budget(target_lm, 6))
     big = ModelRunner(target_lm, 256, role="target")
-    assert small.kv_capacity_tokens == 96
+    assert small.cache.capacity_tokens == 96
     prompts = [_ids(30, 10 + i) for i in range(3)]
     want = [_greedy(big, str(i), p, 10) for i, p in enumerate(prompts)]
     tokens = [list(p) for p in prompts]
@@ -140,7 +140,7 @@ def test_verify_rows_the_pool_cannot_hold_are_preempted_and_the_rest_verified(ta
     worker = TargetWorker(runner)
     params = SamplingParams(temperature=0)
     old = worker.verify("old", _ids(30, 1), Proposal([1]), params)  # 31 tokens: 2 blocks
-    from specdec.engine.workers import VerifyCall
+    from specdec.calls import VerifyCall
 
     results = worker.verify_batch([VerifyCall("old", _ids(30, 1) + [old.emitted([1])[-1]], Proposal([2, 3]), params),
                                    VerifyCall("new", _ids(20, 2), Proposal([4]), params)])
@@ -160,7 +160,7 @@ def test_prompt_logprobs_score_every_position_even_when_the_prefix_is_cached(tar
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_short_rows_with_the_same_logits(target_lm):
-    from specdec.engine.runner import UNFINISHED
+    from specdec.calls import UNFINISHED
 
     runner = ModelRunner(target_lm, 256, role="target", max_num_batched_tokens=40)
     plain = ModelRunner(target_lm, 256, role="target")

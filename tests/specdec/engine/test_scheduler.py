@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.engine.runner import UNFINISHED, ModelRunner
+from specdec.calls import UNFINISHED
+
+from specdec.engine.runner import ModelRunner
 from specdec.engine.scheduler import PREFILL_SHARE, PassScheduler, check_budget
 
 
@@ -85,13 +87,13 @@ def test_a_decoding_sequence_gets_a_row_in_every_pass_while_a_prompt_prefills(ta
         short = short + [int(out[0][-1].argmax())]
         if out[1] is not UNFINISHED:
             break
-        assert l_seq.prefilling and runner.decoding() == 1  # the prompt is not counted as decoding
+        assert l_seq.prefilling and runner.cache.decoding() == 1  # the prompt is not counted as decoding
     # chunks of the threshold; batch-invariant (16-row tiles): grown to fill the pass's last tile (1 + 47 rows)
     chunk = 47 if runner.batch_invariant else 32
     assert passes == -(-300 // chunk)
     ref = plain.get_or_create("long", seed=0)
     torch.testing.assert_close(out[1], plain.forward(ref, plain.sync(ref, long)), rtol=1e-4, atol=1e-4)
-    assert not l_seq.prefilling and runner.decoding() == 2
+    assert not l_seq.prefilling and runner.cache.decoding() == 2
 
 
 def test_a_chunk_beside_decode_rows_fills_the_passs_last_tile():

@@ -18,7 +18,8 @@ import specdec.engine.workers as workers
 from specdec import LLM, SamplingParams
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, check_num_speculative_tokens
 from specdec.engine.runner import ModelRunner
-from specdec.engine.workers import DraftWorker, ProposeCall, TargetWorker, VerifyCall
+from specdec.calls import ProposeCall, VerifyCall
+from specdec.engine.workers import DraftWorker, TargetWorker
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
 from specdec.engine.models import load_model
 from specdec.sampling import process_logits
@@ -433,9 +434,9 @@ def test_runner_max_model_len_and_sequence_cap(target_lm):
         runner.get_or_create("c", seed=None)
     assert runner.release("a") and not runner.release("a")
     runner.get_or_create("c", seed=None)
-    assert "c" in runner and "a" not in runner
+    assert "c" in runner.sequences and "a" not in runner.sequences
     with pytest.raises(SequenceNotFoundError) as exc:
-        runner.get("a")
+        runner.cache.get("a")
     assert "'a'" in str(exc.value)
 
 
@@ -458,10 +459,10 @@ def test_draft_worker_greedy_proposals_follow_draft_model(draft_lm, hf_greedy):
     assert prop.draft_probs is None
     assert prop.draft_token_ids == hf_greedy(draft_lm.model, prompt, 5)
     # the last draft is never fed: the cache holds the prompt + k - 1 drafts
-    seq = worker.runner.get("s")
+    seq = worker.runner.cache.get("s")
     assert seq.length == len(prompt) + 4 and seq.tokens == prompt + prop.draft_token_ids[:4]
     worker.release("s")
-    assert "s" not in worker.runner
+    assert "s" not in worker.runner.sequences
 
 
 def test_draft_worker_probabilistic_proposals(draft_lm):
@@ -502,7 +503,7 @@ def test_target_worker_verify_rolls_back_rejected_tail(target_lm, hf_greedy):
     result = worker.verify("s", prompt, Proposal(draft), params)
     assert (result.num_accepted_tokens, result.next_token_id) == (2, ref[2])
     assert result.emitted(draft) == ref[:3]
-    seq = worker.runner.get("s")
+    seq = worker.runner.cache.get("s")
     assert seq.length == len(prompt) + 2 and seq.tokens == prompt + ref[:2]
     # next round continues from the accepted history
     history = prompt + ref[:3]
@@ -521,7 +522,7 @@ def test_sync_repairs_blocks_left_ahead_of_its_tokens(target_lm):
     ids = _ids(16, 4)
     seq = runner.get_or_create("s", seed=0)
     runner.forward(seq, ids[:10])
-    assert runner._reserve([seq], [40]) == [True]  # as if a pass feeding 40 tokens reserved, then failed
+    assert runner.cache.reserve([seq], [40]) == [True]  # as if a pass feeding 40 tokens reserved, then failed
     assert len(seq.blocks) == 4 and seq.length == 10
     fed = runner.sync(seq, ids)
     assert fed == ids[10:] and len(seq.blocks) == 1

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from specdec.drafting_state import DraftingState
 from specdec.errors import SequenceNotFoundError
 from specdec.ngram import NgramIndex
 from specdec.serving.backend import Backend, BackendConfig
@@ -18,7 +19,7 @@ from specdec.serving.backend import Backend, BackendConfig
 @dataclass
 class _Seq:
     tokens: list[int] = field(default_factory=list)  # what the worker holds (a model runner's KV tokens)
-    vocab_state: dict = field(default_factory=dict)
+    state: DraftingState = field(default_factory=DraftingState)
     last_used: float = 0.0
 
 
@@ -41,11 +42,10 @@ def _model_worker(rng: random.Random, seq: _Seq, history: list[int]) -> None:
 
 def _lookup_worker(rng: random.Random, seq: _Seq, history: list[int]) -> None:
     """What a hybrid draft does: its n-gram index follows the history and is what the service holds."""
-    index = seq.vocab_state.get("ngram")
-    if index is None:
-        index = seq.vocab_state["ngram"] = NgramIndex(1, 2)
-    index.sync(history)
-    seq.vocab_state["target_ids"] = index.tokens
+    if seq.state.lookup_index is None:
+        seq.state.lookup_index = NgramIndex(1, 2)
+    seq.state.lookup_index.sync(history)
+    seq.state.held_target_ids = seq.state.lookup_index.tokens
 
 
 @pytest.mark.parametrize("worker", [_model_worker, _lookup_worker], ids=["model", "lookup"])
@@ -64,7 +64,7 @@ def test_history_equals_the_held_prefix_and_the_new_ids(worker, seed):
     first_list: list[tuple[_Seq, list[int]]] = []  # per sequence (evictions make new ones): its list
     for _ in range(400):
         seq = backend.runner.sequences.get(sid)
-        held = [] if seq is None else seq.vocab_state.get("target_ids", seq.tokens)
+        held = [] if seq is None else seq.tokens if seq.state.held_target_ids is None else seq.state.held_target_ids
         history = sent[: rng.randrange(len(sent) + 1)] if rng.random() < 0.2 else list(sent)
         history += [rng.randrange(5) for _ in range(rng.randrange(1, 4))]
         pick = rng.random()

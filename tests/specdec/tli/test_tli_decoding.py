@@ -20,6 +20,7 @@ from specdec import LLM, SamplingParams
 from specdec.errors import ConfigError
 from specdec.tli import analyze_tokenizer
 from specdec.tli.adapter import TLIAdapter
+from specdec.drafting_state import DraftingState
 from tests.specdec.tli.tiny_tli import DRAFT_NAME, TARGET_NAME, llm_over, real_tokenizers, require_packages, tiny_llama
 
 PROMPTS = [
@@ -168,14 +169,14 @@ def test_draft_history_follows_target_ids_in_chunks(adapter, text_index):
     assert target_ids[0] == t_tok.bos_token_id
     for seed in range(3):
         rng = random.Random(seed)
-        state: dict = {}
+        state = DraftingState()
         before: list[int] = []
         pos = 0
         while pos < len(target_ids):
             pos = min(len(target_ids), pos + rng.randint(1, 4))
             draft_ids = adapter.draft_history(state, target_ids[:pos])
             _check_step(adapter, target_ids[:pos], draft_ids)
-            stable = state["ctx"].last_stable
+            stable = state.retokenized.context.last_stable
             assert draft_ids[:stable] == before[:stable], "ids before the stable point changed"
             assert not set(draft_ids) & analyze_tokenizer(d_tok).special_ids, "a draft special token stands for text"
             before = list(draft_ids)  # (the next call changes the list it returned, in place)
@@ -191,7 +192,7 @@ def test_draft_history_restarts_when_the_history_is_rewritten(adapter):
     t_tok = adapter.target_tokenizer
     a = list(t_tok("Café crème — 東京 🍣 and   more").input_ids)
     b = list(t_tok("Café crème — 大阪 🍜 or so").input_ids)
-    state: dict = {}
+    state = DraftingState()
     for ids in (a, a[: len(a) // 2], b, b + a[1:], a[:3]):
         _check_step(adapter, ids, adapter.draft_history(state, ids))
 
@@ -207,23 +208,23 @@ def test_draft_history_kept_in_place_equals_a_fresh_one(adapter, seed):
     rng = random.Random(seed)
     t_tok = adapter.target_tokenizer
     target_ids = [i for text in TRICKY_TEXTS for i in t_tok(text).input_ids]
-    state: dict = {}
+    state = DraftingState()
     history = TokenHistory(target_ids[:3])
     first = adapter.draft_history(state, history)
-    lists = (first, state["target_ids"])
+    lists = (first, state.held_target_ids)
     pos = 3
     while pos < len(target_ids):
         if rng.random() < 0.3:  # a tail lost (drafts), then committed ids again
             history.truncate(max(1, len(history) - rng.randint(1, 5)))
             history += [rng.randrange(1000, 2000) for _ in range(rng.randint(0, 3))]
             got = adapter.draft_history(state, history)
-            assert got == adapter.draft_history({}, list(history))
+            assert got == adapter.draft_history(DraftingState(), list(history))
             history.truncate(max(1, pos - rng.randint(0, 3)))
         history += target_ids[len(history):pos]
         got = adapter.draft_history(state, history)
-        assert got == adapter.draft_history({}, list(history)), pos
+        assert got == adapter.draft_history(DraftingState(), list(history)), pos
         _check_step(adapter, list(history), got)
-        assert got is lists[0] and state["target_ids"] is lists[1]  # changed in place
+        assert got is lists[0] and state.held_target_ids is lists[1]  # changed in place
         pos += rng.randint(1, 6)
 
 
@@ -292,7 +293,7 @@ def test_prompt_without_text_decodes_like_target_alone(tiny_pair, prompt):
     of zero tokens crashes (RuntimeError inside transformers). The draft should propose nothing until there is
     text, and the request decode like the target alone."""
     tli_llm, target_llm, _ = tiny_pair
-    assert tli_llm._draft_worker.tli.draft_history({}, [2]) == []
+    assert tli_llm._draft_worker.tli.draft_history(DraftingState(), [2]) == []
     assert _greedy_ids(tli_llm, prompt) == _greedy_ids(target_llm, prompt)
 
 
@@ -305,7 +306,7 @@ def test_history_longer_than_the_drafts_context_decodes_like_target_alone(tiny_p
     tli_llm, target_llm, target_tok = tiny_pair
     prompt = "東京 大阪 京都 " * 12
     ids = target_tok(prompt).input_ids
-    draft_len = len(tli_llm._draft_worker.tli.draft_history({}, ids))
+    draft_len = len(tli_llm._draft_worker.tli.draft_history(DraftingState(), ids))
     assert len(ids) + 6 < tli_llm.max_model_len and draft_len > DRAFT_MAX_POS, (len(ids), draft_len)
     assert _greedy_ids(tli_llm, prompt) == _greedy_ids(target_llm, prompt)
 
@@ -315,7 +316,7 @@ def test_history_near_the_drafts_context_decodes_like_target_alone(tiny_pair):
     decodes like the target alone."""
     tli_llm, target_llm, target_tok = tiny_pair
     prompt = "The quick brown fox jumps over the lazy dog. " * 3
-    draft_len = len(tli_llm._draft_worker.tli.draft_history({}, target_tok(prompt).input_ids))
+    draft_len = len(tli_llm._draft_worker.tli.draft_history(DraftingState(), target_tok(prompt).input_ids))
     assert draft_len + 2 + 6 <= DRAFT_MAX_POS, draft_len
     assert _greedy_ids(tli_llm, prompt) == _greedy_ids(target_llm, prompt)
 

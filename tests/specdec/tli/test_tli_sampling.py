@@ -27,9 +27,10 @@ import torch
 
 import specdec.engine.workers
 from specdec import SamplingParams
-from specdec.engine.workers import ProposeCall, VerifyCall
+from specdec.calls import ProposeCall, VerifyCall
 from specdec.sampling import process_logits
 from specdec.tli.adapter import TLIAdapter
+from specdec.drafting_state import DraftingState
 from tests.specdec.tli.tiny_tli import last_logits, llm_over, pin_next_token_logits, real_tokenizers, tiny_llama
 from tests.broken_samplers import accept_always, recover_from_p, rowwise
 
@@ -60,7 +61,7 @@ class Pair:
         self.draft = tiny_llama(len(dt), seed=1, bos=dt.bos_token_id, eos=dt.eos_token_id, pad=dt.pad_token_id)
         self.prompt_ids = list(tt(PROMPT).input_ids)
         # what the draft reads: the prompt's text re-tokenized by SmolLM2 (the adapter LLM builds does the same)
-        self.draft_prompt_ids = TLIAdapter(dt, tt, len(tt)).draft_history({}, self.prompt_ids)
+        self.draft_prompt_ids = TLIAdapter(dt, tt, len(tt)).draft_history(DraftingState(), self.prompt_ids)
         pin_next_token_logits(self.target, self.prompt_ids, {_single_id(tt, w): v for w, v in TARGET_LOGITS.items()})
         pin_next_token_logits(self.draft, self.draft_prompt_ids, {_single_id(dt, w): v for w, v in DRAFT_LOGITS.items()})
         self.support = sorted(_single_id(tt, w) for w in TARGET_LOGITS)
