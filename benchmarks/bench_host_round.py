@@ -235,7 +235,7 @@ def tli_history(n: int, rounds: int, old: bool, adapter, text_ids: list[int]) ->
     history = TokenHistory(text_ids[:n])
     probe = adapter.draft_tokenizer("a").input_ids
     bos = adapter.draft_tokenizer.bos_token_id
-    state: dict = {"prefix": [bos] if bos is not None and probe and probe[0] == bos else []}
+    state = {"prefix": [bos] if bos is not None and probe and probe[0] == bos else []} if old else DraftingState()
     (old_draft_history(adapter, state, list(history)) if old else adapter.draft_history(state, history))
     times = []
     for r in range(rounds + 1):

@@ -27,6 +27,7 @@ from tests.services_conftest_helpers import (
     sequences_of,
     target_config,
     wait_released,
+    wait_until,
 )
 
 MAX_TOKENS = 40
@@ -117,7 +118,17 @@ def test_service_down_longer_than_retry_window_is_unavailable(restartable, serve
         from draft_service.server import create_server
 
         st["draft"] = servers.add(create_server(draft_config(st["draft"].backend.config.model, port=port)))
-        out = generate(stub, generate_request(PROMPTS[0], max_tokens=8))
+
+        def served():
+            # gRPC's channel reconnects with a backoff that grew while the draft was down, and this gateway retries
+            # for 0.5 s only: until the channel is back, a request is the same clean UNAVAILABLE naming the draft
+            try:
+                return generate(stub, generate_request(PROMPTS[0], max_tokens=8))
+            except grpc.RpcError as again:
+                assert again.code() == grpc.StatusCode.UNAVAILABLE and "draft" in again.details(), again
+                return None
+
+        out = wait_until(served, timeout=30, interval=0.2, what="the gateway to serve on the restarted draft")
         assert len(out.token_ids) == 8
     finally:
         channel.close()
