@@ -13,7 +13,7 @@ import torch
 
 from specdec.engine.lean_linear import use_skinny_matmuls
 # resolution, the GGUF cache and tokenizers (no torch)
-from specdec.model_files import (_CONSTRUCTION_LOCK, model_construction, resolve_model_path, shared_tokenizer,
+from specdec.model_files import (model_construction, resolve_model_path, shared_tokenizer,
                                  tokenizer_fingerprint)
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _cpu_auto_dtype(path: str, kwargs: dict[str, Any]) -> torch.dtype:
     if not (isinstance(hidden, int) and isinstance(intermediate, int) and hidden > 0 and intermediate > 0):
         logger.info("dtype auto: float32 (%s's config has no hidden_size / intermediate_size to measure by)", path)
         return torch.float32
-    with _CONSTRUCTION_LOCK:  # not while this process builds another model: that would skew the timings
+    with model_construction():  # not while this process builds another model: that would skew the timings
         choice = dtype_choice.cpu_auto_choice(hidden, intermediate)
     logger.info("dtype auto: %s", choice.describe())
     return choice.dtype

@@ -58,7 +58,6 @@ class ModelRunner:
         self.lm = lm
         self.max_model_len = max_model_len
         self.role = role
-        self.max_sequences = max_sequences
         cfg = lm.model.config.get_text_config()
         self.num_layers = cfg.num_hidden_layers
         # Logits are cut or padded to this size (the target's vocabulary) so ids line up.

@@ -1,6 +1,7 @@
 """specdec/model_files.py: the GGUF conversion cache (a stable key by content, the digest index, reuse,
-progress log lines). The conversion itself is replaced by a stub writing a config.json; a real
-conversion of SmolLM2's GGUF (about a minute) is the slow test at the end."""
+progress log lines) and the tokenizer it loads with no torch. The conversion itself is replaced by a stub writing a
+config.json; a real conversion of SmolLM2's GGUF (about a minute) and the tokenizers of the shipped models are
+slow tests."""
 
 from __future__ import annotations
 
@@ -202,3 +203,29 @@ def test_two_starts_converting_the_same_file_at_once_convert_it_once(cache, tmp_
     first.join(10)
     assert len(converted) == 1 and len(results) == 2 and results[0] == results[1]
     assert models._is_complete(results[0])
+
+
+TRICKY_TEXTS = ["Hello  world\n\tfoo", "émoji 🎉 <b>&amp;</b>", " leading and trailing ", "1234567 +-*/ x²",
+                "<|im_start|>user\nhi<|im_end|>", "<start_of_turn>user\nhi<end_of_turn>", ""]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma-3-270m", "smollm2-135m-draft"])
+def test_the_tokenizer_loaded_without_torch_is_autotokenizers(name):
+    """The gateway's tokenizer (the class tokenizer_config.json names, no model config read) is the one
+    AutoTokenizer builds: the same class, ids, special tokens, decoding and chat template, on every shipped model."""
+    from transformers import AutoTokenizer
+
+    path, kwargs = models.resolve_model_path(name)
+    ours, theirs = models._tokenizer_class(Path(path))(path, **kwargs), AutoTokenizer.from_pretrained(path, **kwargs)
+    assert type(ours) is type(theirs)
+    assert (ours.all_special_ids, ours.eos_token_id, ours.bos_token_id) == (
+        theirs.all_special_ids, theirs.eos_token_id, theirs.bos_token_id)
+    for text in TRICKY_TEXTS:
+        ids = ours(text).input_ids
+        assert ids == theirs(text).input_ids, text
+        assert ours.decode(ids) == theirs.decode(ids)
+    if theirs.chat_template:
+        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TRICKY_TEXTS[1]}]
+        assert ours.apply_chat_template(chat, add_generation_prompt=True) == theirs.apply_chat_template(
+            chat, add_generation_prompt=True)
