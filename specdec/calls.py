@@ -19,6 +19,8 @@ class ProposeCall:
     num_speculative_tokens: int
     params: SamplingParams
     draft_sample_method: str | None = None  # None: the worker's default
+    # an EAGLE head's input: the target's features not yet sent (specdec.features.FeatureChunk, oldest first)
+    features: list | None = None
 
 
 @dataclass
@@ -27,6 +29,10 @@ class VerifyCall:
     token_ids: list[int]  # the sequence's full committed history
     proposal: Proposal
     params: SamplingParams
+    # return the target's features (the input of these decoder layers, concatenated) for the positions from
+    # feature_start whose next token this call decides (specdec.features); () computes none
+    feature_layers: tuple[int, ...] = ()
+    feature_start: int = 0
 
 
 class Unfinished:

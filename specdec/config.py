@@ -60,7 +60,8 @@ class SuffixSettings:
         real("min_token_prob", self.min_token_prob, 0.0, 1.0)
 
 
-SUPPORTED_METHODS = ("draft_model", "ngram", "suffix")
+SUPPORTED_METHODS = ("draft_model", "ngram", "suffix", "eagle3")
+FEATURE_METHODS = ("eagle3",)  # heads that draft from the target's hidden states (specdec.features)
 MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no model needed
 # A draft service's --model that names no model (with a model-free method; serve passes the method's name)
 NO_MODEL_NAMES = ("none", *MODEL_FREE_METHODS)
@@ -255,6 +256,16 @@ class SpeculativeConfig:
         for key in ("adaptive_k", "overlap"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be true or false")
+        if self.method in FEATURE_METHODS:
+            if self.use_heterogeneous_vocab:
+                raise ConfigError(f"method {self.method!r} drafts from the target's own hidden states and embedding: "
+                                  "a head cannot draft for another vocabulary (use_heterogeneous_vocab needs "
+                                  "\"method\": \"draft_model\")")
+            if self.uses_lookup:
+                raise ConfigError(f"method {self.method!r} does not combine with n-gram lookup (prompt_lookup_max)")
+            if self.overlap:
+                raise ConfigError(f"method {self.method!r} drafts from the features of the round just verified: it "
+                                  "cannot draft during that verification (set overlap false)")
         if self.method == "suffix":
             if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
                 raise ConfigError("method \"suffix\" drafts from suffix trees; prompt_lookup_max / prompt_lookup_min "

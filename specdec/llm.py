@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.adaptive import AdaptiveK, calibrate
-from specdec.config import (DEFAULT_TARGET, SpeculativeConfig, check_quantization, check_vocab_compatible,
+from specdec.config import (DEFAULT_TARGET, FEATURE_METHODS, SpeculativeConfig, check_quantization, check_vocab_compatible,
                             legacy_speculative_config)
 from specdec.decoding import Lookahead, decode
 from specdec.engine.kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_ENABLE_PREFIX_CACHING
@@ -26,6 +26,25 @@ from specdec.sequence import SequenceState
 from specdec.structured import GrammarCompiler
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, output_seed
 
+
+
+def eagle3_workers(cfg: SpeculativeConfig, target: LoadedModel, target_worker: TargetWorker, max_model_len: int,
+                   device: str):
+    """An EAGLE-3 head's draft worker and the target worker that feeds it features, joined by one relay."""
+    from specdec.engine.eagle3_files import load_head
+    from specdec.engine.eagle3_worker import Eagle3Worker, HeadStore
+    from specdec.features import FeatureRelay, RelayedDraft, RelayedTarget
+    from specdec.model_files import resolve_model_path
+
+    text = target.model.config.get_text_config()
+    embedding = target.model.get_input_embeddings().weight
+    head, layers = load_head(resolve_model_path(cfg.model, cfg.revision)[0], target_hidden_size=text.hidden_size,
+                             target_vocab_size=embedding.shape[0], target_num_layers=text.num_hidden_layers,
+                             target_embedding=embedding.detach().float(), device=device)
+    relay = FeatureRelay(layers)
+    worker = Eagle3Worker(HeadStore(head, max_model_len), cfg.draft_sample_method,
+                          eos_token_ids=frozenset(target.eos_token_ids))
+    return RelayedDraft(worker, relay), RelayedTarget(target_worker, relay)
 
 
 @dataclass
@@ -155,6 +174,9 @@ class LLM:
                 self.max_model_len = min(self.max_model_len, cfg.max_model_len)
                 self._target_worker.runner.max_model_len = self.max_model_len
             self._draft_worker = NgramWorker(NgramStore(lookup_indexes(cfg)))
+        elif cfg is not None and cfg.method in FEATURE_METHODS:  # a head over the target's features
+            self._draft_worker, self._target_worker = eagle3_workers(cfg, self.target, self._target_worker,
+                                                                     self.max_model_len, device)
         elif cfg is not None:
             self.draft = load_model(cfg.model, dtype=draft_dtype or dtype, device=device, revision=cfg.revision)
             heterogeneous = check_vocab_compatible(

@@ -5,7 +5,7 @@ grpc: the offline workers, the services and the gateway all speak these."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdec.errors import InvalidRequestError, SpecDecError
 
@@ -23,13 +23,15 @@ class Proposal:
     # [k + 1, words] int32: the tokens a grammar allows at each verified position (specdec.token_mask);
     # None: unconstrained. Set by the sequence's constraint after drafting (specdec.structured).
     token_bitmask: "torch.Tensor | None" = None
+    # an EAGLE draft's: the first position it holds no target feature for (specdec.features); None otherwise
+    features_from: int | None = None
 
     def truncated(self, n: int) -> "Proposal":
         """The first ``n`` draft tokens (and their q rows)."""
         if len(self.draft_token_ids) <= n:
             return self
         return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n],
-                        None if self.token_bitmask is None else self.token_bitmask[:n + 1])
+                        None if self.token_bitmask is None else self.token_bitmask[:n + 1], self.features_from)
 
     def after(self, n: int) -> "Proposal":
         """The draft tokens after the first ``n`` (and their q rows)."""
@@ -57,6 +59,8 @@ class VerifyResult:
     logprobs: list[TokenLogprob] | None = None
     # one per prompt token after the first (the first has none) when the call asked for prompt logprobs
     prompt_logprobs: list[TokenLogprob] | None = None
+    # the target's features when the call asked (VerifyCall.feature_layers): specdec.features.FeatureChunk
+    features: Any = None
 
     def emitted(self, draft_token_ids: list[int]) -> list[int]:
         return draft_token_ids[: self.num_accepted_tokens] + [self.next_token_id]

@@ -16,9 +16,27 @@ CACHE_DIR = "cache"  # OUT/cache: tokenized corpus, teacher labels, on-policy da
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     p.add_argument("--out", required=True, help="output folder (the draft; work files in OUT/cache, OUT/checkpoint)")
+    p.add_argument("--method", choices=["draft_model", "eagle3"], default="draft_model",
+                   help="draft_model: a small model of the target's class (default); eagle3: an EAGLE-3 head that "
+                        "drafts from the target's hidden states (specdec.distill.eagle3)")
+    _add_eagle3_arguments(p.add_argument_group("EAGLE-3 head (--method eagle3)"))
     _add_architecture_arguments(p.add_argument_group("draft architecture (the target's model class)"))
     _add_data_arguments(p.add_argument_group("data"))
     _add_training_arguments(p.add_argument_group("training"))
+
+
+def _add_eagle3_arguments(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--chat-prompts", type=int, default=384,
+                   help="chat prompts the target answers for the head's training data (self-distillation; default 384)")
+    g.add_argument("--response-tokens", type=int, default=160,
+                   help="tokens of each answer (greedy, the target's own; default 160)")
+    g.add_argument("--corpus-tokens", type=int, default=65_536,
+                   help="corpus tokens beside the answers (the --corpus, default the Python library's text; "
+                        "default 65536)")
+    g.add_argument("--ttt-steps", type=int, default=3,
+                   help="training-time test: steps unrolled on the head's own predictions (default 3)")
+    g.add_argument("--feature-layers", default=None,
+                   help="comma-separated target layers whose inputs the head reads (default: vLLM's 2, L/2, L-3)")
 
 
 def _add_architecture_arguments(g: argparse._ArgumentGroup) -> None:
@@ -113,6 +131,12 @@ def _add_training_arguments(g: argparse._ArgumentGroup) -> None:
 class DistillConfig:
     target: str = DEFAULT_TARGET
     out: str = "draft"
+    method: str = "draft_model"
+    chat_prompts: int = 384
+    response_tokens: int = 160
+    corpus_tokens: int = 65_536
+    ttt_steps: int = 3
+    feature_layers: str | None = None
     layers: int = 4
     hidden: int = 256
     heads: int | None = None
@@ -181,6 +205,12 @@ class DistillConfig:
             raise ConfigError("--generate-free-fraction must be between 0 and 1")
         if self.generate_batch < 1:
             raise ConfigError("--generate-batch must be >= 1")
+        if self.method == "eagle3":
+            for name in ("response_tokens", "ttt_steps"):
+                if getattr(self, name) < 1:
+                    raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+            if self.chat_prompts < 0 or self.corpus_tokens < 0 or self.chat_prompts + self.corpus_tokens == 0:
+                raise ConfigError("--chat-prompts and --corpus-tokens must be >= 0, and one of them > 0")
         if self.draft_vocab < 0:
             raise ConfigError("--draft-vocab must be >= 0 (0 = the whole vocabulary)")
 

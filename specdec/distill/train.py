@@ -33,6 +33,10 @@ logger = logging.getLogger("specdec.distill")  # one logger for the whole comman
 
 def run(args: argparse.Namespace) -> int:
     cfg = DistillConfig.from_args(args)
+    if cfg.method == "eagle3":
+        from specdec.distill.eagle3 import run_eagle3
+
+        return run_eagle3(cfg)
     try:
         summary = distill(cfg)
     except KeyboardInterrupt:

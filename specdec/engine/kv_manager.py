@@ -51,6 +51,8 @@ class CachedSequence:
     stream_key: int | None = None  # seeded: the generator is re-seeded per round (specdec.seeding)
     prefilling: bool = False  # its prompt is being fed in chunks (its last call was UNFINISHED)
     priority: int = 0  # its request's (lower first); with arrival, the order of prefill and of preemption
+    # an EAGLE target's features of the positions fed since its call began: (start, [tokens, width]) per pass
+    captured: list = field(default_factory=list)
 
     @property
     def rank(self) -> tuple[int, int]:

@@ -321,13 +321,21 @@ class LeanDecoder:
         return self.logits(self.hidden_paged(input_ids, positions, paged)[logits_index])
 
     @torch.inference_mode()
-    def hidden_paged(self, input_ids: torch.Tensor, positions: torch.Tensor, paged: PagedPass) -> torch.Tensor:
+    def hidden_paged(self, input_ids: torch.Tensor, positions: torch.Tensor, paged: PagedPass,
+                     capture: tuple[int, ...] = ()) -> torch.Tensor:
         """:meth:`forward_paged` up to the final norm: the last hidden states [tokens, hidden]. The runner
-        projects them to logits a few rows at a time (:meth:`logits`) where a pass scores a whole prompt."""
+        projects them to logits a few rows at a time (:meth:`logits`) where a pass scores a whole prompt.
+
+        ``capture``: layer indices whose inputs are kept too (an EAGLE-3 head's features, ``specdec.features``);
+        then ``self.captured`` holds them concatenated in that order, [tokens, len(capture) x hidden]."""
         x = self._embed(input_ids[None])  # [1, tokens, hidden]: the sequences share the rows, not padded columns
         rope = self._rope(x, positions[None])
+        kept: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
+            if i in capture:
+                kept[i] = x[0]
             x = self._block(i, layer, x, rope, {}, paged)
+        self.captured = torch.cat([kept[i] for i in capture], dim=-1) if capture else None
         return x[0]
 
     @torch.inference_mode()

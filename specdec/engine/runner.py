@@ -156,6 +156,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_batch(self, seqs: list[CachedSequence], new_token_ids: list[list[int]], num_logits: list[int],
                       chunkable: list[bool] | None = None, lazy: list[bool] | None = None,
+                      capture: list[tuple[int, ...]] | None = None,
                       ) -> list[torch.Tensor | RowLogits | SequencePreemptedError | Unfinished]:
         """Several sequences in ONE ragged pass; the same results as ``forward`` row by row. A row the pool
         had no room for is a SequencePreemptedError (its sequence is forgotten; resend its history).
@@ -163,7 +164,9 @@ class ModelRunner:
         ``chunkable`` rows may be fed in part when the pass would exceed ``max_num_batched_tokens`` (chunked
         prefill): such a row's result is UNFINISHED, and calling again with its history feeds the rest.
         ``lazy`` rows (a prompt scored at every position) come back as ``RowLogits`` on the lean forward:
-        their logits are projected a slice at a time when read (``specdec.engine.scoring``)."""
+        their logits are projected a slice at a time when read (``specdec.engine.scoring``).
+        ``capture``: per row, the decoder layers whose inputs at the fed positions are appended to the sequence's
+        ``captured`` (start position, [tokens, layers x hidden]): an EAGLE-3 head's features (``specdec.features``)."""
         for seq, new in zip(seqs, new_token_ids):
             self.check_append(seq, new)
         unfinished: set[int] = set()
@@ -191,11 +194,14 @@ class ModelRunner:
         if not rows:
             return results
         began = time.monotonic()
+        layers = tuple(sorted({i for c in capture or [] for i in c}))
         if self.paged:
             out = self._forward_paged([seqs[i] for i in rows], [new_token_ids[i] for i in rows],
-                                      [num_logits[i] for i in rows], [bool(lazy and lazy[i]) for i in rows])
+                                      [num_logits[i] for i in rows], [bool(lazy and lazy[i]) for i in rows],
+                                      [capture[i] if capture else () for i in rows], layers)
         else:
-            out = [self._align_vocab(self._forward_copied(seqs[i], new_token_ids[i], num_logits[i]).float())
+            out = [self._align_vocab(self._forward_copied(seqs[i], new_token_ids[i], num_logits[i],
+                                                          capture[i] if capture else ()).float())
                    for i in rows]
         for i, logits in zip(rows, out):
             seqs[i].tokens.extend(new_token_ids[i])
@@ -204,7 +210,8 @@ class ModelRunner:
         return results
 
     def _forward_paged(self, seqs: list[CachedSequence], news: list[list[int]], num_logits: list[int],
-                       lazy: list[bool]) -> list[torch.Tensor | RowLogits]:
+                       lazy: list[bool], capture: list[tuple[int, ...]], layers: tuple[int, ...],
+                       ) -> list[torch.Tensor | RowLogits]:
         device = self.lm.device
         starts, counts = [s.length for s in seqs], [len(n) for n in news]
         paged = PagedPass(self.kv, [s.blocks for s in seqs], starts, counts, self._windows,
@@ -212,7 +219,16 @@ class ModelRunner:
                           group=self.net.heads // self.net.kv_heads)
         ids = torch.tensor([t for new in news for t in new], dtype=torch.long, device=device)  # [tokens]
         positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)], device=device)
-        hidden = self.net.hidden_paged(ids, positions, paged)  # [tokens, hidden]
+        hidden = self.net.hidden_paged(ids, positions, paged, layers) if layers else \
+            self.net.hidden_paged(ids, positions, paged)  # [tokens, hidden]
+        if layers:  # each asking row's features, its layers' columns in the order it asked
+            width = self.net.captured.shape[-1] // len(layers)
+            offset = 0
+            for seq, start, n, want in zip(seqs, starts, counts, capture):
+                if want:
+                    cols = [c for i in want for c in range(layers.index(i) * width, (layers.index(i) + 1) * width)]
+                    seq.captured.append((start, self.net.captured[offset:offset + n][:, cols]))
+                offset += n
         keep, offset, ranges = [], 0, []
         for n, m, z in zip(counts, num_logits, lazy):  # each row's last m positions reach the LM head
             ranges.append((offset + n - m, offset + n))
@@ -229,7 +245,8 @@ class ModelRunner:
         """Last hidden states [rows, hidden] -> logits [rows, logits_vocab_size] fp32 (the lean forward's head)."""
         return self._align_vocab(self.net.logits(hidden).float())
 
-    def _forward_copied(self, seq: CachedSequence, new: list[int], num_logits: int) -> torch.Tensor:
+    def _forward_copied(self, seq: CachedSequence, new: list[int], num_logits: int,
+                        capture: tuple[int, ...] = ()) -> torch.Tensor:
         """transformers' forward for one sequence, over a copy of its history; the new entries go back to its blocks."""
         device, bs = self.lm.device, self.block_size
         start, n = seq.length, len(new)
@@ -244,7 +261,10 @@ class ModelRunner:
         out = self.net(
             input_ids=torch.tensor([fed], dtype=torch.long, device=device),  # [1, n + pad]
             position_ids=torch.arange(start, start + n + pad, device=device)[None],  # [1, n + pad]
-            use_cache=True, logits_to_keep=num_logits + pad, **{self._cache_kwarg: cache})
+            use_cache=True, logits_to_keep=num_logits + pad, output_hidden_states=bool(capture),
+            **{self._cache_kwarg: cache})
+        if capture:  # hidden_states[i]: the input of decoder layer i
+            seq.captured.append((start, torch.cat([out.hidden_states[i][0, :n] for i in capture], dim=-1)))
         for layer, keys, values in zip(cache.layers, self.kv.keys, self.kv.values):
             keys.index_copy_(1, slots[start:], layer.keys[0, :, start:start + n])
             values.index_copy_(1, slots[start:], layer.values[0, :, start:start + n])

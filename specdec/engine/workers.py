@@ -17,6 +17,7 @@ from kernels.dispatch import resolve
 from specdec.rejection import RaggedBatch, race_scores
 from specdec.rejection import accept as accept_batch  # by the resolved backend (a name the negative controls swap)
 from specdec.calls import UNFINISHED, ProposeCall, VerifyCall, until_finished
+from specdec.features import FeatureChunk
 from specdec.engine.kv_manager import CachedSequence
 from specdec.engine.runner import ModelRunner
 from specdec.engine.scoring import RowLogits, materialize
@@ -187,7 +188,13 @@ class TargetWorker:
                 if scored:  # score the whole prompt: feed it all again (no prefix-cache hits)
                     runner.check_scoring(len(call.token_ids) + len(call.proposal.draft_token_ids))
                     runner.cache.truncate(seq, 0)
-                new = runner.sync(seq, call.token_ids, reuse=not scored) + call.proposal.draft_token_ids
+                if call.feature_layers and not seq.prefilling:  # a new call (not the next chunk of a prompt)
+                    seq.captured.clear()
+                    if call.feature_start < seq.length:  # features asked again: feed those positions again
+                        runner.cache.truncate(seq, call.feature_start)
+                # (features need their positions fed: no prefix-cache hits)
+                new = runner.sync(seq, call.token_ids, reuse=not scored and not call.feature_layers) + \
+                    call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
                 return call, seq, new
 
@@ -197,7 +204,8 @@ class TargetWorker:
                     [r[2] for r in rows], [r[3] for r in rows],
                     [len(r[3]) if r[1].params.prompt_logprobs is not None else len(r[1].proposal.draft_token_ids) + 1
                      for r in rows], chunkable=[r[1].params.prompt_logprobs is None for r in rows],
-                    lazy=[r[1].params.prompt_logprobs is not None for r in rows])  # read a slice at a time
+                    lazy=[r[1].params.prompt_logprobs is not None for r in rows],  # read a slice at a time
+                    capture=[r[1].feature_layers for r in rows])
                 for r, lg in zip(rows, all_logits):
                     if not isinstance(lg, (torch.Tensor, RowLogits)):  # preempted (no room in the pool), or a prefill chunk
                         results[r[0]] = lg
@@ -217,7 +225,9 @@ class TargetWorker:
                     # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
                     runner.cache.truncate(seq, len(call.token_ids) + n)
                     try:
-                        results[i] = with_logprobs(VerifyResult(n, next_token), call, logits)
+                        results[i] = with_logprobs(VerifyResult(n, next_token, features=taken_features(
+                            seq, call.feature_start, len(call.token_ids) + n) if call.feature_layers else None),
+                            call, logits)
                     except SpecDecError as exc:  # one row's error stays with that row
                         results[i] = exc
         return results
@@ -266,6 +276,19 @@ def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor |
         result.prompt_logprobs = token_logprobs(logits[: len(call.token_ids) - 1], call.token_ids[1:],
                                                 params.prompt_logprobs)
     return result
+
+
+def taken_features(seq: CachedSequence, start: int, end: int) -> FeatureChunk | None:
+    """The features the sequence's passes of this call captured, positions [start, end): those whose next token
+    is now known (the fed history, the accepted drafts). Clears what was captured."""
+    parts, seq.captured = seq.captured, []
+    if not parts:
+        return None
+    first = parts[0][0]
+    rows = torch.cat([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
+    begin = max(start, first)
+    rows = rows[begin - first: end - first]
+    return FeatureChunk(begin, rows.shape[0], rows.shape[1], str(rows.dtype).removeprefix("torch."), rows)
 
 
 def race_winner(q: torch.Tensor, seed: int, position: int) -> int:

@@ -1,0 +1,202 @@
+"""The EAGLE-3 draft worker: proposes k tokens per sequence from the target's features (pure torch).
+
+Each sequence keeps the head's keys and values of the positions it has a target feature for (position p: the
+target's feature at p beside token p + 1), the committed tokens they were computed with, and the head's last
+output. A Propose feeds the positions whose features arrived (``ProposeCall.features``), drafts k tokens (the
+first from the last fed position, each next one from the head's own output), and cuts its cache back to the
+target-feature positions: nothing drafted survives into the next round, where the target's real features
+replace it. ``Proposal.features_from`` tells the caller the first position it still needs a feature for
+(``specdec.features.FeatureRelay``); lacking features (a restart, an eviction, the first round of a sequence,
+whose prompt the target has not read yet) it proposes nothing and says from where it needs them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.calls import ProposeCall
+from specdec.drafting_state import DraftingState
+from specdec.engine.eagle3 import Eagle3Head, HeadCache
+from specdec.engine.workers import check_draft_sample_method, race_winner, truncate_top_n
+from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
+from specdec.features import FeatureChunk
+from specdec.history import common_prefix
+from specdec.proposal import Proposal
+from specdec.sampling import apply_penalties, penalty_context, process_logits, sample
+
+_WIRE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def chunk_rows(chunk: FeatureChunk) -> torch.Tensor:
+    """A chunk's features as a tensor [rows, width] (decoding the wire's bytes)."""
+    if isinstance(chunk.data, torch.Tensor):
+        return chunk.data
+    dtype = _WIRE_DTYPES.get(chunk.dtype)
+    if dtype is None:
+        raise InvalidRequestError(f"features dtype {chunk.dtype!r} is not one of {sorted(_WIRE_DTYPES)}",
+                                  param="features")
+    data = bytes(chunk.data)
+    if len(data) != chunk.rows * chunk.width * torch.finfo(dtype).bits // 8:
+        raise InvalidRequestError(f"features of {chunk.rows} x {chunk.width} {chunk.dtype} need "
+                                  f"{chunk.rows * chunk.width * torch.finfo(dtype).bits // 8} bytes, got {len(data)}",
+                                  param="features")
+    return torch.frombuffer(bytearray(data), dtype=dtype).view(chunk.rows, chunk.width)
+
+
+@dataclass
+class _HeadSequence:
+    cache: HeadCache
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)  # the committed tokens the cache was computed with
+    consumed: int = 0  # positions [0, consumed) hold the target's features in the cache
+    last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, prenorm) of position consumed - 1
+    last_used: float = field(default_factory=time.monotonic)
+    state: DraftingState = field(default_factory=DraftingState)
+
+
+class HeadStore:
+    """The head's sequences (the ``runner`` a service and the LLM use for a worker's sequences)."""
+
+    def __init__(self, head: Eagle3Head, max_model_len: int, max_sequences: int = 256):
+        self.head = head
+        self.max_model_len = max_model_len
+        self.max_sequences = max_sequences
+        self.sequences: dict[str, _HeadSequence] = {}
+        self.lock = threading.RLock()
+        self.role = "draft"
+
+    def get_or_create(self, sequence_id: str, seed: int | None) -> _HeadSequence:
+        seq = self.sequences.get(sequence_id)
+        if seq is None:
+            if len(self.sequences) >= self.max_sequences:
+                raise ResourceExhaustedError(f"draft: {len(self.sequences)} sequences cached, the cap is "
+                                             f"{self.max_sequences}; release finished sequences or raise max_sequences")
+            cfg, p = self.head.cfg, self.head.fc.weight
+            generator = torch.Generator(device=p.device)
+            generator.manual_seed(seed if seed is not None else torch.seed())
+            seq = self.sequences[sequence_id] = _HeadSequence(HeadCache(cfg.num_key_value_heads, cfg.dim, p.dtype,
+                                                                        p.device), generator)
+        seq.last_used = time.monotonic()
+        return seq
+
+    def get(self, sequence_id: str) -> _HeadSequence:
+        try:
+            return self.sequences[sequence_id]
+        except KeyError:
+            raise SequenceNotFoundError(f"draft: unknown sequence {sequence_id!r}") from None
+
+    def release(self, sequence_id: str) -> bool:
+        return self.sequences.pop(sequence_id, None) is not None
+
+    def __contains__(self, sequence_id: str) -> bool:
+        return sequence_id in self.sequences
+
+
+class Eagle3Worker:
+    """The draft worker interface (``propose`` / ``propose_batch`` / ``release``) over an EAGLE-3 head."""
+
+    def __init__(self, store: HeadStore, draft_sample_method: str = "greedy", top_n: int | None = None,
+                 eos_token_ids: frozenset[int] = frozenset()):
+        check_draft_sample_method(draft_sample_method)
+        self.runner = store
+        self.head = store.head
+        self.draft_sample_method = draft_sample_method
+        self.top_n = top_n
+        self.eos_token_ids = eos_token_ids
+        self.tli = None
+
+    def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | SpecDecError]:
+        results: list[Any] = []
+        with self.runner.lock, torch.inference_mode():
+            for call in calls:
+                try:
+                    results.append(self._propose(call))
+                except SpecDecError as exc:
+                    results.append(exc)
+        return results
+
+    def _feed(self, seq: _HeadSequence, tokens: list[int], chunks: list[FeatureChunk]) -> None:
+        """Feed the positions [seq.consumed, len(tokens) - 1) whose features ``chunks`` hold."""
+        want_end = len(tokens) - 1
+        rows, start = [], seq.consumed
+        for chunk in chunks:
+            if chunk.end <= start or chunk.start > start:  # before what is held, or a gap
+                continue
+            data = chunk_rows(chunk)
+            if data.shape[-1] != 3 * self.head.cfg.target_width:
+                raise InvalidRequestError(f"features of width {data.shape[-1]}; this EAGLE-3 head reads "
+                                          f"3 x {self.head.cfg.target_width}", param="features")
+            take = data[start - chunk.start: min(chunk.end, want_end) - chunk.start]
+            rows.append(take)
+            start += take.shape[0]
+            if start >= want_end:
+                break
+        if not rows or start == seq.consumed:
+            return
+        feats = torch.cat(rows) if len(rows) > 1 else rows[0]
+        device = self.head.fc.weight.device
+        ids = torch.tensor(tokens[seq.consumed + 1: start + 1], dtype=torch.long, device=device)
+        positions = torch.arange(seq.consumed, start, device=device)
+        logits, prenorm = self.head.step(ids, feats.to(device), positions, seq.cache)
+        seq.consumed, seq.last = start, (logits[-1], prenorm[-1])
+
+    def _propose(self, call: ProposeCall) -> Proposal:
+        method = call.draft_sample_method or self.draft_sample_method
+        check_draft_sample_method(method)
+        tokens = list(call.token_ids)
+        if not tokens:
+            raise InvalidRequestError("draft: the sequence is empty", param="prompt")
+        if len(tokens) + call.num_speculative_tokens > self.runner.max_model_len + 1:
+            raise InvalidRequestError(f"{len(tokens)} tokens + {call.num_speculative_tokens} draft tokens exceed "
+                                      f"max_model_len={self.runner.max_model_len}", param="max_model_len")
+        seq = self.runner.get_or_create(call.sequence_id, call.params.seed)
+        # position p's entry was computed with tokens up to p + 1: it stays while those are unchanged
+        keep = min(seq.consumed, max(common_prefix(seq.tokens, tokens) - 1, 0))
+        if keep < seq.consumed:
+            seq.cache.truncate(keep)
+            seq.consumed, seq.last = keep, None
+        seq.tokens = tokens
+        self._feed(seq, tokens, call.features or [])
+        k = call.num_speculative_tokens
+        if seq.consumed < len(tokens) - 1 or seq.last is None or k == 0:
+            return Proposal([], features_from=seq.consumed)
+        probabilistic = method == "probabilistic" and not call.params.greedy
+        drafts, qs = [], []
+        logits, prenorm = seq.last
+        device = prenorm.device
+        for i in range(k):
+            if i:  # the head's own output stands in for the target's feature
+                ids = torch.tensor([drafts[-1]], dtype=torch.long, device=device)
+                position = torch.tensor([len(tokens) - 2 + i], device=device)
+                step_logits, step_prenorm = self.head.step(ids, prenorm[None], position, seq.cache)
+                logits, prenorm = step_logits[0], step_prenorm[0]
+            last = self.head.to_target_logits(logits)
+            if call.params.has_penalties:  # as the target will process this position
+                last = apply_penalties(last, call.params, penalty_context(call.params, tokens, self.eos_token_ids,
+                                                                          after=drafts))
+            if probabilistic:
+                q = truncate_top_n(process_logits(last, call.params), self.top_n)
+                if call.params.couples:  # the race the target runs, over q (specdec.seeding)
+                    drafts.append(race_winner(q, call.params.seed, len(tokens) + len(drafts)))
+                else:
+                    drafts.append(int(sample(q, seq.generator)))
+                qs.append(q)
+            else:
+                drafts.append(int(last.argmax()))
+        seq.cache.truncate(seq.consumed)  # drafted entries never outlive the round
+        return Proposal(drafts, torch.stack(qs) if qs else None, features_from=seq.consumed)
+
+    def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
+        (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def release(self, sequence_id: str) -> None:
+        with self.runner.lock:
+            self.runner.release(sequence_id)
