@@ -423,3 +423,34 @@ def pytest_runtest_makereport(item, call):
 def pytest_report_header(config):
     return f"specdec tests: torch threads={torch.get_num_threads()} (SPECDEC_TEST_THREADS)"
 
+
+
+# --------------------------------------------------------------------------------------------------
+# EAGLE-3
+
+
+def train_tiny_head(target_dir, out, max_steps: int = 150, **extra):
+    """An EAGLE-3 head trained by ``specdec distill --method eagle3`` on the tiny target (seconds)."""
+    from specdec.distill.config import DistillConfig
+    from specdec.distill.eagle3 import train_eagle3
+
+    cfg = DistillConfig(target=str(target_dir), out=str(out), method="eagle3", chat_prompts=8, response_tokens=24,
+                        corpus_tokens=2048, max_steps=max_steps, minutes=0, batch_size=4, lr=3e-3, warmup_steps=10,
+                        draft_vocab=2048, save_every=50, **extra)
+    return train_eagle3(cfg)
+
+
+@pytest.fixture(scope="session")
+def eagle3_head_dir(target_dir, tmp_path_factory) -> Path:
+    """A head for the tiny target, trained here (its drafts are accepted a part of the time)."""
+    out = tmp_path_factory.mktemp("eagle3-head")
+    train_tiny_head(target_dir, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def eagle3_prompts(eagle3_head_dir) -> list[list[int]]:
+    """Prompts from the head's training distribution: its chat sequences less the last 16 ids of the target's
+    answer (which the target then generates again: a mechanism test, not a measure of the head)."""
+    data = torch.load(eagle3_head_dir / "cache" / "eagle3_data.pt", weights_only=True)["seqs"]
+    return [s["ids"][:-16].tolist() for s in data[:8]]

@@ -264,13 +264,14 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     to_draft[draft_ids] = torch.arange(len(draft_ids))
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    step, spent, order, cursor = 0, 0.0, list(range(len(train))), 0
+    step, spent, order, cursor, log = 0, 0.0, list(range(len(train))), 0, []
     rng = random.Random(cfg.seed)
     rng.shuffle(order)
     if state:
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
-        step, spent, order, cursor = state["step"], state["seconds"], state["order"], state["cursor"]
+        step, spent, order, cursor, log = (state["step"], state["seconds"], state["order"], state["cursor"],
+                                           state["log"])
         logger.info("eagle3: resumed at step %d (%.1f min trained)", step, spent / 60)
     began = time.perf_counter() - spent
     budget = cfg.minutes * 60 if cfg.minutes > 0 else math.inf
@@ -283,7 +284,8 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "order": order,
-                    "cursor": cursor, "seconds": time.perf_counter() - began, "draft_ids": draft_ids}, tmp)
+                    "cursor": cursor, "seconds": time.perf_counter() - began, "draft_ids": draft_ids,
+                    "log": log}, tmp)
         tmp.replace(ckpt)
 
     head.train()
@@ -306,6 +308,7 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         step += 1
+        log.append(loss_sum / cfg.batch_size)
         if step % 10 == 0 or step == 1:
             logger.info("eagle3 step %d: loss %.3f, lr %.2e, %.1f min", step, loss_sum / cfg.batch_size, lr,
                         (time.perf_counter() - began) / 60)
@@ -318,6 +321,7 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     save_head(export, out, layers, with_embedding=False)
     lm.tokenizer.save_pretrained(out)
     summary = {"out": str(out), "target": cfg.target, "feature_layers": list(layers), "steps": step,
+               "resumed_at_step": state["step"] if state else 0,
                "train_minutes": round((time.perf_counter() - began) / 60, 2), "draft_vocab": len(draft_ids),
                "sequences": len(train), "heldout_sequences": len(heldout),
                "train_tokens": sum(len(s["ids"]) for s in train), "ttt_steps": cfg.ttt_steps,

@@ -1,0 +1,87 @@
+"""``specdec distill --method eagle3`` on the tiny trained target: the loss falls, a killed run resumes from its
+checkpoint without labelling again, and the exported head loads and drafts for its target."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from specdec.distill.eagle3 import chat_prompts
+
+
+def _argv(target_dir, corpus, out, steps):
+    return ["distill", "--method", "eagle3", "--target", str(target_dir), "--out", str(out), "--corpus", str(corpus),
+            "--chat-prompts", "8", "--response-tokens", "16", "--corpus-tokens", "2048", "--top-k", "8",
+            "--draft-vocab", "256", "--minutes", "0", "--max-steps", str(steps), "--batch-size", "4", "--lr", "3e-3",
+            "--warmup-steps", "2", "--save-every", "5", "--threads", "1"]
+
+
+def test_training_lowers_the_loss_and_exports_the_published_layout(setup):
+    from specdec.entrypoints.cli import main
+    from specdec.engine.eagle3_files import load_head
+    from specdec.engine.models import load_model
+
+    root, corpus, target_dir = setup
+    out = root / "eagle3-a"
+    assert main(_argv(target_dir, corpus, out, 40)) == 0
+    state = torch.load(out / "checkpoint" / "eagle3.pt", weights_only=False)
+    losses = state["log"]
+    assert len(losses) == 40 and sum(losses[-5:]) / 5 < 0.7 * sum(losses[:3]) / 3, losses
+    summary = json.loads((out / "distill.json").read_text())
+    assert summary["steps"] == 40 and summary["draft_vocab"] == 256 and len(summary["heldout_step_accuracy"]) == 3
+    assert summary["heldout_step_accuracy"][0] > 0.2, summary  # a trained target is predictable from its features
+    assert (out / "README.md").read_text().startswith("# EAGLE-3 head for")
+    target = load_model(str(target_dir), dtype="float32")
+    text = target.model.config.get_text_config()
+    emb = target.model.get_input_embeddings().weight.detach()
+    head, layers = load_head(out, target_hidden_size=text.hidden_size, target_vocab_size=emb.shape[0],
+                             target_num_layers=text.num_hidden_layers, target_embedding=emb)
+    assert list(layers) == summary["feature_layers"] and head.cfg.draft_vocab_size == 256
+
+
+def test_a_killed_run_resumes_without_labelling_again(setup):
+    """A real process, killed with SIGKILL after a checkpoint: the same command resumes at the checkpoint's step
+    and reuses the cached features (the data file is not written again)."""
+    from specdec.entrypoints.cli import main
+
+    root, corpus, target_dir = setup
+    out = root / "eagle3-b"
+    ckpt = out / "checkpoint" / "eagle3.pt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from specdec.entrypoints.cli import main; "
+                             "sys.exit(main(sys.argv[1:]))", *_argv(target_dir, corpus, out, 100000)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not ckpt.exists() or torch.load(ckpt, weights_only=False)["step"] < 10:
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint of 10 steps"
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    step = torch.load(ckpt, weights_only=False)["step"]
+    data = out / "cache" / "eagle3_data.pt"
+    written = data.stat().st_mtime_ns
+    assert main(_argv(target_dir, corpus, out, step + 5)) == 0
+    summary = json.loads((out / "distill.json").read_text())
+    assert summary["resumed_at_step"] == step and summary["steps"] == step + 5
+    assert data.stat().st_mtime_ns == written
+
+
+def test_chat_prompts_leave_the_benchmarks_out():
+    import json as _json
+    from importlib import resources
+
+    bench = _json.loads(resources.files("specdec").joinpath("assets/prompts/drafting.json").read_text())
+    held = {p for v in bench.values() if isinstance(v, list) for p in v}
+    prompts = chat_prompts(10_000, 0)
+    assert len(prompts) == len(set(prompts)) > 300
+    assert not held & set(prompts)
+    assert "Write a poem about the ocean at night." not in prompts

@@ -1,0 +1,94 @@
+"""``LLM(speculative_config={"method": "eagle3", ...})``: a head trained here on the tiny target drafts, and the
+output is the target's alone, greedy and seeded, through a draft that loses its state mid-stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.errors import ConfigError
+
+pytestmark = pytest.mark.usefixtures("cached_model_loading")
+
+
+def _spec(head, k=3, **extra):
+    return {"method": "eagle3", "model": str(head), "num_speculative_tokens": k, **extra}
+
+
+@pytest.fixture(scope="module")
+def alone(target_dir):
+    return LLM(str(target_dir), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def eagle(target_dir, eagle3_head_dir):
+    return LLM(str(target_dir), dtype="float32", speculative_config=_spec(eagle3_head_dir))
+
+
+def _run(llm, prompts, params):
+    return [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_is_the_targets_and_drafts_are_accepted(target_dir, eagle3_head_dir, alone, eagle3_prompts, k):
+    llm = LLM(str(target_dir), dtype="float32", speculative_config=_spec(eagle3_head_dir, k))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ref = _run(alone, eagle3_prompts, params)
+    out = _run(llm, eagle3_prompts, params)
+    assert [o.token_ids for o in out] == [r.token_ids for r in ref]
+    accepted = sum(o.spec_decode_stats.num_accepted_tokens for o in out)
+    drafted = sum(o.spec_decode_stats.num_draft_tokens for o in out)
+    assert drafted > 0 and accepted > 0, (accepted, drafted)  # the head drafts, and is right a part of the time
+
+
+def test_seeded_sampling_is_the_targets(alone, eagle, eagle3_prompts):
+    params = SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=11)
+    assert [o.token_ids for o in _run(eagle, eagle3_prompts, params)] == \
+        [o.token_ids for o in _run(alone, eagle3_prompts, params)]
+
+
+def test_probabilistic_drafting_is_lossless_and_accepts(target_dir, eagle3_head_dir, alone, eagle3_prompts):
+    llm = LLM(str(target_dir), dtype="float32",
+              speculative_config=_spec(eagle3_head_dir, draft_sample_method="probabilistic"))
+    params = SamplingParams(temperature=0.7, max_tokens=24, ignore_eos=True, seed=5)
+    out = _run(llm, eagle3_prompts, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in _run(alone, eagle3_prompts, params)]
+    assert sum(o.spec_decode_stats.num_accepted_tokens for o in out) > 0
+
+
+def test_a_draft_that_loses_its_state_mid_stream(alone, eagle, eagle3_prompts):
+    """The head's sequences vanish after a few rounds (as a restarted draft's do): that round drafts nothing,
+    the target feeds the history again for features, drafting resumes, and the output is unchanged."""
+    store = eagle._draft_worker.worker.runner
+    original = eagle._draft_worker.worker.propose_batch
+    calls = {"n": 0}
+
+    def forgetful(batch):
+        calls["n"] += 1
+        if calls["n"] % 4 == 0:
+            store.sequences.clear()
+        return original(batch)
+
+    eagle._draft_worker.worker.propose_batch = forgetful
+    try:
+        params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        out = _run(eagle, eagle3_prompts[:3], params)
+    finally:
+        eagle._draft_worker.worker.propose_batch = original
+    assert [o.token_ids for o in out] == [o.token_ids for o in _run(alone, eagle3_prompts[:3], params)]
+    assert sum(o.spec_decode_stats.num_accepted_tokens for o in out) > 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"use_heterogeneous_vocab": True}, "cannot draft for another vocabulary"),
+    ({"overlap": True}, "set overlap false"),
+    ({"prompt_lookup_max": 3}, "does not combine"),
+])
+def test_eagle3_refuses_what_it_cannot_do(target_dir, eagle3_head_dir, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        LLM(str(target_dir), dtype="float32", speculative_config=_spec(eagle3_head_dir, **extra))
+
+
+def test_a_head_for_another_target_is_refused(shallow_draft_dir, other_vocab_dir, eagle3_head_dir):
+    with pytest.raises(ConfigError, match="another target"):
+        LLM(str(other_vocab_dir), dtype="float32", speculative_config=_spec(eagle3_head_dir))
