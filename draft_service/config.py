@@ -21,7 +21,12 @@ class DraftServiceConfig(BackendServiceConfig):
     method: str = field(default=spec_default("method"), metadata={"help": "draft_model (a model drafts), ngram (the sequence's "
                                                                   "own history drafts; no model is loaded) or suffix (suffix "
                                                                   "trees over the sequence and earlier outputs; hybrid with "
-                                                                  "--model's draft, no model with --model none)"})
+                                                                  "--model's draft, no model with --model none) or eagle3 "
+                                                                  "(--model is an EAGLE-3 head drafting from the target's "
+                                                                  "features; with --target-model)"})
+    target_model: str | None = field(default=None, metadata={"help": "--method eagle3: the target the head drafts for "
+                                                                   "(its token embedding and shape are read from it; "
+                                                                   "default: --target-tokenizer)"})
     prompt_lookup_max: int | None = field(default=None, metadata={"help": "n-gram lookup: longest n tried (with "
                                                                           "method draft_model: hybrid drafting)"})
     prompt_lookup_min: int | None = field(default=None, metadata={"help": "n-gram lookup: shortest n tried"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from draft_service.config import DraftServiceConfig
-from specdec.config import NO_MODEL_NAMES, SUFFIX_KEYS, TLI_PROPOSALS, SpeculativeConfig
+from specdec.config import FEATURE_METHODS, NO_MODEL_NAMES, SUFFIX_KEYS, TLI_PROPOSALS, SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.ngram import lookup_indexes
 from specdec.serving.backend import Backend
@@ -13,7 +13,7 @@ from specdec.serving.backend_service import BackendServicerMixin, require_ready,
 from specdec.serving.batching import ComputeThread
 from specdec.serving.grpc_errors import map_errors
 from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
-from specdec.serving.wire import probs_to_proto, sampling_from_proto
+from specdec.serving.wire import features_from_proto, probs_to_proto, sampling_from_proto
 from specdec.v1 import draft_service_pb2, draft_service_pb2_grpc
 from specdec.calls import ProposeCall
 
@@ -39,12 +39,14 @@ class DraftServicer(BackendServicerMixin, draft_service_pb2_grpc.DraftServiceSer
             num_speculative_tokens=request.num_speculative_tokens,
             params=sampling_from_proto(request.sampling_params),
             draft_sample_method=_METHODS.get(request.draft_sample_method),
+            features=[features_from_proto(m) for m in request.features] or None,
         )
         proposal = self.backend.propose(call, timeout=time_remaining(context), hint=batch_hint_of(context))
         return draft_service_pb2.ProposeResponse(
             draft_token_ids=proposal.draft_token_ids,
             draft_probs=probs_to_proto(proposal.draft_probs),
             sequence_length=len(tokens),
+            features_from=proposal.features_from,  # None: unset (not an EAGLE draft)
         )
 
 
@@ -59,6 +61,12 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
                                        "prompt_lookup_max": config.prompt_lookup_max,
                                        "prompt_lookup_min": config.prompt_lookup_min,
                                        **{key: getattr(config, key) for key in SUFFIX_KEYS}})
+    eagle_target = None
+    if spec.method in FEATURE_METHODS:
+        eagle_target = config.target_model or config.target_tokenizer
+        if not eagle_target:
+            raise ConfigError(f"--method {spec.method} drafts from a target's features with the target's embedding: "
+                              "give the target's model with --target-model")
     model_k = config.draft_model_num_speculative_tokens
     if model_k is not None and (model is None or not spec.uses_lookup):
         raise ConfigError("--draft-model-num-speculative-tokens is the model's k in hybrid drafting: it needs a model "
@@ -68,5 +76,5 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
         load_async=load_async, compute=compute, draft_sample_method=config.draft_sample_method,
         draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer,
         tli_proposals=config.tli_proposals, lookup=lookup_indexes(spec),
-        model_free=spec.method if spec.model_free else None, model_k=model_k,
+        model_free=spec.method if spec.model_free else None, model_k=model_k, eagle_target=eagle_target,
     )

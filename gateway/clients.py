@@ -40,7 +40,8 @@ from specdec.serving.metrics import HISTORY_RESENDS, gateway_series
 from specdec.serving.batching import BATCH_HINT_KEY
 from specdec.serving.server import channel_options
 from specdec.serving.tls import PLAINTEXT, ChannelSecurity
-from specdec.serving.wire import (logprobs_from_proto, mask_to_bytes, probs_from_proto, probs_to_proto,
+from specdec.features import FeatureRelay
+from specdec.serving.wire import (features_from_proto, features_to_proto, logprobs_from_proto, mask_to_bytes, probs_from_proto, probs_to_proto,
                                   sampling_to_proto)
 from specdec.v1 import common_pb2, draft_service_pb2, draft_service_pb2_grpc, target_service_pb2, target_service_pb2_grpc
 
@@ -244,6 +245,9 @@ class _RemoteBackend:
             self._deadlines.pop(sequence_id, None)
 
     def release(self, sequence_id: str) -> None:
+        relay = getattr(self, "relay", None)
+        if relay is not None:
+            relay.drop(sequence_id)
         with self._lock:
             held = self._held.pop(sequence_id, None)
             self._deadlines.pop(sequence_id, None)
@@ -290,24 +294,29 @@ class RemoteDraft(_RemoteBackend):
     phase = "propose"
 
     def __init__(self, address: str, draft_sample_method: str = "greedy", retry_seconds: float = 60.0,
-                 security: ChannelSecurity = PLAINTEXT):
+                 security: ChannelSecurity = PLAINTEXT, relay: FeatureRelay | None = None):
         super().__init__(address, retry_seconds, security)
         self._stub = draft_service_pb2_grpc.DraftServiceStub(self.channel)
+        self.relay = relay  # an EAGLE draft's features from the target (used once its layers are set)
         self.draft_sample_method = _DRAFT_METHODS[draft_sample_method]
         self.vocab_size = 0  # set at start-up from the TARGET's info: q rows are over target ids
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
         sampling = sampling_to_proto(params)
+        relay = self.relay if self.relay is not None and self.relay.layers else None
+        features = [features_to_proto(c) for c in relay.pending(sequence_id)] if relay else []
 
         def make(start: int, new: list[int]):
             return draft_service_pb2.ProposeRequest(
                 sequence_id=sequence_id, start_position=start, new_token_ids=new,
                 num_speculative_tokens=num_speculative_tokens, sampling_params=sampling,
-                draft_sample_method=self.draft_sample_method,
+                draft_sample_method=self.draft_sample_method, features=features,
             )
 
         began = time.monotonic()
         resp = self._call(self._stub.Propose, make, sequence_id, token_ids)
+        if relay is not None and resp.HasField("features_from"):
+            relay.acknowledge(sequence_id, resp.features_from)
         if self.on_call_time is not None:
             self.on_call_time(self.phase, num_speculative_tokens, time.monotonic() - began)
         return RemoteProposal(list(resp.draft_token_ids), list(resp.draft_probs), self.vocab_size)
@@ -336,25 +345,31 @@ class RemoteTarget(_RemoteBackend):
     role = "target"
     phase = "verify"
 
-    def __init__(self, address: str, retry_seconds: float = 60.0, security: ChannelSecurity = PLAINTEXT):
+    def __init__(self, address: str, retry_seconds: float = 60.0, security: ChannelSecurity = PLAINTEXT,
+                 relay: FeatureRelay | None = None):
         super().__init__(address, retry_seconds, security)
         self._stub = target_service_pb2_grpc.TargetServiceStub(self.channel)
+        self.relay = relay  # asks for an EAGLE draft's features (once the relay's layers are set)
 
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
         sampling = sampling_to_proto(params)
         probs = proposal.wire_probs if isinstance(proposal, RemoteProposal) else probs_to_proto(proposal.draft_probs)
         mask = mask_to_bytes(proposal.token_bitmask)
+        relay = self.relay if self.relay is not None and self.relay.layers else None
+        feature_start = relay.verify_from(sequence_id) if relay else 0
 
         def make(start: int, new: list[int]):
             return target_service_pb2.VerifyRequest(
                 sequence_id=sequence_id, start_position=start, new_token_ids=new,
                 draft_token_ids=proposal.draft_token_ids, draft_probs=probs, sampling_params=sampling,
                 logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,  # None: unset, not computed
-                token_bitmask=mask,
+                token_bitmask=mask, feature_layers=relay.layers if relay else (), feature_start=feature_start,
             )
 
         began = time.monotonic()
         resp = self._call(self._stub.Verify, make, sequence_id, token_ids)
+        if relay is not None and resp.HasField("features"):
+            relay.put(sequence_id, features_from_proto(resp.features))
         if self.on_call_time is not None:
             self.on_call_time(self.phase, len(proposal.draft_token_ids), time.monotonic() - began)
         next_token = resp.bonus_token_id if resp.WhichOneof("next_token") == "bonus_token_id" else resp.recovered_token_id

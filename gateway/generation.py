@@ -16,8 +16,9 @@ from gateway.replicas import ReplicaSet, is_replica_spec
 from gateway.resilience import Admission, CircuitBreaker, FallbackDraft, SheddingDraft, TargetHealth
 from gateway.scheduler import RoundScheduler
 from specdec.adaptive import AdaptiveK, RoundCosts, calibrate
-from specdec.config import MODEL_FREE_METHODS, SpeculativeConfig, check_vocab_compatible
+from specdec.config import FEATURE_METHODS, MODEL_FREE_METHODS, SpeculativeConfig, check_vocab_compatible
 from specdec.decoding import Lookahead, decode
+from specdec.features import FeatureRelay
 from specdec.proposal import TokenLogprob, check_num_speculative_tokens
 from specdec.errors import BackendUnavailableError, ConfigError, InvalidRequestError, SpecDecError
 from specdec.model_files import load_tokenizer
@@ -60,10 +61,14 @@ class Gateway:
 
         self.draining = False  # set by drain(): new requests are refused (503 / UNAVAILABLE)
         refresh = config.dns_refresh_seconds
-        self.target = _client(config.target_addr, lambda addr: own_deadline(RemoteTarget(addr, timeout, security)),
-                              refresh)
+        # an EAGLE draft's features: from the target's Verify to the draft's next Propose (its layers are set
+        # once the draft's GetInfo names them; until then, and for any other draft, nothing is asked)
+        self.relay = FeatureRelay(())
+        self.target = _client(config.target_addr, lambda addr: own_deadline(
+                              RemoteTarget(addr, timeout, security, relay=self.relay)), refresh)
         self.draft = (_client(config.draft_addr, lambda addr: own_deadline(
-                              RemoteDraft(addr, config.draft_sample_method, timeout, security)), refresh)
+                              RemoteDraft(addr, config.draft_sample_method, timeout, security, relay=self.relay)),
+                              refresh)
                       if config.draft_addr else None)
         if config.scheduling_policy not in SCHEDULING_POLICIES:
             raise ConfigError(f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, got "
@@ -132,6 +137,11 @@ class Gateway:
                 f"draft {d.model_name!r} has another vocabulary than target {t.model_name!r} and does not draft in "
                 f"target ids: start the draft service with --target-tokenizer {t.model_name!r} "
                 "(env SPECDEC_DRAFT_TARGET_TOKENIZER) to enable Token-Level Intersection")
+        if d.method in FEATURE_METHODS:
+            if self.config.overlap:
+                raise ConfigError(f"the draft is an EAGLE head ({d.method}): it drafts from the features of the round "
+                                  "just verified, so it cannot draft during that verification (--no-overlap)")
+            self.relay.layers = tuple(d.feature_layers)
         k = self.config.num_speculative_tokens
         if k > min(t.max_num_speculative_tokens, d.max_num_speculative_tokens):
             raise ConfigError(f"num_speculative_tokens={k} exceeds what the services accept "

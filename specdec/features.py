@@ -54,7 +54,7 @@ class _Kept:
 class FeatureRelay:
     """Per sequence, the target's features the draft has not consumed yet (thread-safe)."""
 
-    def __init__(self, layers: tuple[int, ...], max_rows: int = 1 << 16):
+    def __init__(self, layers: tuple[int, ...], max_rows: int = 4096):
         self.layers = tuple(layers)
         self.max_rows = max_rows  # kept per sequence at most; past it the oldest go (the draft then asks again)
         self._kept: dict[str, _Kept] = {}

@@ -13,7 +13,8 @@ from specdec.serving.backend_service import BackendServicerMixin, require_ready,
 from specdec.serving.batching import ComputeThread
 from specdec.serving.grpc_errors import map_errors
 from specdec.serving.server import ServerHandle, batch_hint_of, time_remaining
-from specdec.serving.wire import logprobs_to_proto, optional_field, probs_from_proto, sampling_from_proto
+from specdec.serving.wire import (feature_dtype_from_proto, features_to_proto, logprobs_to_proto, optional_field,
+                                  probs_from_proto, sampling_from_proto)
 from specdec.v1 import target_service_pb2, target_service_pb2_grpc
 
 from specdec.calls import VerifyCall
@@ -35,7 +36,11 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
         params = sampling_from_proto(request.sampling_params, logprobs=optional_field(request, "logprobs"),
                                      prompt_logprobs=optional_field(request, "prompt_logprobs"))
         mask = token_mask.from_bytes(request.token_bitmask, len(draft) + 1, self.backend.lm.vocab_size)
-        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs, mask), params)
+        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs, mask), params,
+                          feature_layers=tuple(request.feature_layers), feature_start=request.feature_start)
+        if call.feature_layers:
+            self.backend.check_feature_layers(call.feature_layers)
+            feature_dtype = feature_dtype_from_proto(request.feature_dtype)
         result = self.backend.verify(call, timeout=time_remaining(context), hint=batch_hint_of(context))
         response = target_service_pb2.VerifyResponse(
             num_accepted_tokens=result.num_accepted_tokens,
@@ -43,6 +48,8 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
             logprobs=logprobs_to_proto(result.logprobs),
             prompt_logprobs=logprobs_to_proto(result.prompt_logprobs),
         )
+        if result.features is not None:
+            response.features.CopyFrom(features_to_proto(result.features, feature_dtype))
         if result.num_accepted_tokens == len(draft):
             response.bonus_token_id = result.next_token_id
         else:

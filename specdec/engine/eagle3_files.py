@@ -187,3 +187,33 @@ def save_head(head: Eagle3Head, folder: str | Path, feature_layers: tuple[int, .
         out[published] = state[ours].detach().contiguous().cpu()
     save_file(out, str(folder / "model.safetensors"))
     return folder
+
+
+def target_embedding_from_files(folder: str | Path) -> torch.Tensor:
+    """The target's token embedding [vocab, hidden], read alone from its safetensors (a draft service never
+    loads the target's other weights)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                if key.endswith("embed_tokens.weight"):
+                    return st.get_tensor(key)
+    raise ConfigError(f"the target at {folder} has no embed_tokens.weight in a .safetensors file: the EAGLE-3 head "
+                      "needs the target's token embedding")
+
+
+def load_head_for_target(head_path: str | Path, target_path: str | Path, dtype: torch.dtype = torch.float32,
+                         device: str | torch.device = "cpu") -> tuple[Eagle3Head, tuple[int, ...], dict[str, Any]]:
+    """A head checked against the target in ``target_path`` (a model folder): its config.json gives the shape,
+    its safetensors the embedding. Returns (head, feature layers, the target's shape)."""
+    raw = json.loads((Path(target_path) / "config.json").read_text())
+    text = raw.get("text_config") or raw
+    shape = {"hidden_size": text["hidden_size"], "num_hidden_layers": text["num_hidden_layers"],
+             "vocab_size": text["vocab_size"], "max_position_embeddings": text.get("max_position_embeddings")}
+    embedding = target_embedding_from_files(target_path)
+    shape["vocab_size"] = int(embedding.shape[0])
+    head, layers = load_head(head_path, target_hidden_size=shape["hidden_size"], target_vocab_size=shape["vocab_size"],
+                             target_num_layers=shape["num_hidden_layers"], target_embedding=embedding.float(),
+                             dtype=dtype, device=device)
+    return head, layers, shape

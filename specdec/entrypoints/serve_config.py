@@ -26,7 +26,7 @@ from typing import Any
 
 from draft_service.config import DraftServiceConfig
 from gateway.config import GatewayConfig
-from specdec.config import DEFAULT_HTTP_PORT, SUFFIX_KEYS, SpeculativeConfig
+from specdec.config import DEFAULT_HTTP_PORT, FEATURE_METHODS, SUFFIX_KEYS, SpeculativeConfig
 from specdec.serving.backend import DEFAULT_QUANTIZATION, BackendConfig
 from target_service.config import TargetServiceConfig
 
@@ -167,6 +167,7 @@ def part_configs(cfg: Any, spec: SpeculativeConfig | None, target_model: str,
                         prompt_lookup_min=spec.prompt_lookup_min, draft_sample_method=spec.draft_sample_method,
                         tli_proposals=spec.tli_proposals, quantization=spec.quantization or DEFAULT_QUANTIZATION,
                         target_tokenizer=target_model if spec.use_heterogeneous_vocab else None,
+                        target_model=target_model if spec.method in FEATURE_METHODS else None,
                         **{key: getattr(spec, key) for key in SUFFIX_KEYS},
                         draft_model_num_speculative_tokens=spec.draft_model_num_speculative_tokens,
                         **{n: getattr(cfg, n) for n in DRAFT_SAME})

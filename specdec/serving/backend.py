@@ -129,7 +129,7 @@ class Backend:
                  draft_top_n: int | None = None, target_tokenizer: str | None = None,
                  compute: ComputeThread | None = None, tli_proposals: str = "text",
                  lookup: Any = None, model_free: str | None = None, model_k: int | None = None,
-                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING):
+                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING, eagle_target: str | None = None):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -145,6 +145,8 @@ class Backend:
         self.lookup = lookup
         self.model_free = model_free
         self.model_k = model_k  # hybrid: the draft model's k (None: the call's)
+        self.eagle_target = eagle_target  # an EAGLE-3 head's target (its embedding and shape); the model is the head
+        self.head_info: dict | None = None  # what GetInfo says of a head (set by load)
         self.compute = compute  # shared with another backend in this process (see specdec.serving.batching)
         self.tli = None
         self.lm: LoadedModel | None = None
@@ -161,6 +163,14 @@ class Backend:
     def load(self) -> None:
         cfg = self.config
         self._load_started = time.monotonic()
+        if self.eagle_target is not None:  # an EAGLE-3 head: no KV pool, its own per-sequence cache
+            from specdec.serving.eagle_head import load_eagle_head
+
+            self.runner, self.worker, self.head_info = load_eagle_head(cfg, self.eagle_target,
+                                                                       self.draft_sample_method, self.draft_top_n)
+            self.max_model_len = self.runner.max_model_len
+            self._start(self.worker.propose_batch)
+            return
         if self.model_free:  # the token histories draft: nothing to load
             self.max_model_len = cfg.max_model_len or NGRAM_MAX_MODEL_LEN
             self.runner = NgramStore(self.lookup, max_sequences=cfg.max_sequences, max_model_len=self.max_model_len)
@@ -215,7 +225,7 @@ class Backend:
             self.metrics.track_scheduler(self.runner.scheduler.stats)
         if isinstance(self.lookup, SuffixCache):
             self.metrics.track_suffix_cache(self.lookup)
-        set_build_info(self.role, cfg.model if self.lm is not None else self.model_free,
+        set_build_info(self.role, cfg.model if self.lm is not None or self.head_info else self.model_free,
                        dtype=dtype_name(self.lm.dtype) if self.lm is not None else "",
                        device=str(self.lm.device) if self.lm is not None else "cpu",
                        method=self.info()["method"] or self.draft_sample_method)
@@ -229,6 +239,11 @@ class Backend:
         seconds = time.monotonic() - self._load_started
         resident = resident_bytes()
         fields = {"role": self.role, "load_seconds": round(seconds, 3), "resident_bytes": resident}
+        if self.head_info is not None:
+            logger.info("draft backend ready in %.1f s: EAGLE-3 head %s for %s (features of layers %s); resident "
+                        "%.0f MiB", seconds, self.config.model, self.eagle_target, self.head_info["feature_layers"],
+                        resident / 2**20, extra={**fields, "model": self.config.model})
+            return
         if self.lm is None:
             logger.info("draft backend ready in %.1f s: %s drafting, no model (%s); resident %.0f MiB", seconds,
                         self.model_free, self.lookup.describe(), resident / 2**20,
@@ -329,7 +344,8 @@ class Backend:
         if not sequence_id:
             raise InvalidRequestError("sequence_id is empty", param="sequence_id")
         # ids arrive in target ids (an n-gram draft takes any: it only looks them up)
-        vocab = self.tli.target_vocab_size if self.tli else self.lm.vocab_size if self.lm is not None else 2**31
+        vocab = (self.tli.target_vocab_size if self.tli else self.lm.vocab_size if self.lm is not None
+                 else self.head_info["vocab_size"] if self.head_info else 2**31)
         bad = [t for t in new_token_ids if t >= vocab]
         if bad:
             raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="new_token_ids")
@@ -380,12 +396,23 @@ class Backend:
         check_num_speculative_tokens(len(call.proposal.draft_token_ids), minimum=0)
         return self.batcher(call, timeout, hint)
 
+    def check_feature_layers(self, layers: tuple[int, ...]) -> None:
+        """InvalidRequestError unless the target has every asked layer (an EAGLE head's features)."""
+        count = self.runner.num_layers
+        if len(layers) > 8 or not all(0 <= i < count for i in layers):
+            raise InvalidRequestError(f"feature_layers {list(layers)}: this target has {count} decoder layers "
+                                      f"(ask for at most 8 of 0..{count - 1})", param="feature_layers")
+
     def release(self, sequence_id: str) -> bool:
         with self.runner.lock:
             return self.runner.release(sequence_id)
 
     def info(self) -> dict:
         lm = self.lm
+        if self.head_info is not None:
+            return {**self.head_info, "max_model_len": self.max_model_len, "max_sequences": self.config.max_sequences,
+                    "max_num_speculative_tokens": MAX_NUM_SPECULATIVE_TOKENS, "kv_cache_capacity_tokens": 0,
+                    "block_size": 0, "enable_prefix_caching": False}
         if lm is None:  # n-gram drafting: proposals are ids of the history, whatever the vocabulary
             return {"model_name": self.model_free, "vocab_size": 0, "tokenizer_fingerprint": "", "dtype": "", "device": "cpu",
                     "max_num_speculative_tokens": MAX_NUM_SPECULATIVE_TOKENS, "max_model_len": self.max_model_len,

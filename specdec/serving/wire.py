@@ -9,6 +9,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from specdec.errors import InvalidRequestError
+from specdec.features import FeatureChunk
 from specdec.proposal import TokenLogprob
 from specdec.sampling_params import SamplingParams
 from specdec.v1 import common_pb2
@@ -65,6 +66,43 @@ def probs_from_proto(rows: Iterable[common_pb2.TokenDistribution], k: int, vocab
     from specdec import sparse_probs
 
     return sparse_probs.from_rows(((row.token_ids, row.probs) for row in rows), k, vocab_size)
+
+
+_FEATURE_DTYPES = {common_pb2.FEATURE_DTYPE_BFLOAT16: "bfloat16", common_pb2.FEATURE_DTYPE_FLOAT16: "float16",
+                   common_pb2.FEATURE_DTYPE_FLOAT32: "float32"}
+DEFAULT_FEATURE_DTYPE = "bfloat16"  # features on the wire: half the bytes of fp32, the precision a head needs
+
+
+def feature_dtype_from_proto(value: int) -> str:
+    if value == common_pb2.FEATURE_DTYPE_UNSPECIFIED:
+        return DEFAULT_FEATURE_DTYPE
+    if value not in _FEATURE_DTYPES:
+        raise InvalidRequestError(f"feature_dtype {value} is not one of {sorted(_FEATURE_DTYPES)}",
+                                  param="feature_dtype")
+    return _FEATURE_DTYPES[value]
+
+
+def features_to_proto(chunk: FeatureChunk | None, dtype: str = DEFAULT_FEATURE_DTYPE) -> common_pb2.HiddenStates | None:
+    """A target's features (a tensor chunk) as HiddenStates in ``dtype`` (None: none were computed)."""
+    if chunk is None:
+        return None
+    if isinstance(chunk.data, (bytes, bytearray, memoryview)):  # relayed as it came
+        return common_pb2.HiddenStates(start_position=chunk.start, num_positions=chunk.rows, width=chunk.width,
+                                       dtype={v: k for k, v in _FEATURE_DTYPES.items()}.get(chunk.dtype, 0),
+                                       data=bytes(chunk.data))
+    import torch  # imported where tensors are met (a gateway relays the bytes as they came)
+
+    data = chunk.data.to(getattr(torch, dtype)).contiguous()
+    raw = (data.view(torch.int16) if data.element_size() == 2 else data).numpy().tobytes()
+    code = {v: k for k, v in _FEATURE_DTYPES.items()}[dtype]
+    return common_pb2.HiddenStates(start_position=chunk.start, num_positions=chunk.rows, width=chunk.width,
+                                   dtype=code, data=raw)
+
+
+def features_from_proto(msg: common_pb2.HiddenStates) -> FeatureChunk:
+    """HiddenStates as a chunk holding the wire's bytes (the draft decodes them: ``eagle3_worker.chunk_rows``)."""
+    return FeatureChunk(msg.start_position, msg.num_positions, msg.width, _FEATURE_DTYPES.get(msg.dtype, "?"),
+                        msg.data)
 
 
 def mask_to_bytes(bitmask) -> bytes:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"\xaa\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12(\n\tpenalties\x18\x05 \x01(\x0b\x32\x15.specdec.v1.Penalties\x12\r\n\x05min_p\x18\x06 \x01(\x02\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x07\n\x05_seed\"\xd9\x02\n\tPenalties\x12\x18\n\x10presence_penalty\x18\x01 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x02 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x03 \x01(\x02\x12\x38\n\nlogit_bias\x18\x04 \x03(\x0b\x32$.specdec.v1.Penalties.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x1e\n\x11num_prompt_tokens\x18\x08 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x61llowed_token_ids\x18\t \x03(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x14\n\x12_num_prompt_tokens\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"\xfd\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\"\n\x1amax_num_speculative_tokens\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12\x14\n\x0cmodel_source\x18\t \x01(\t\x12\x15\n\rmax_sequences\x18\n \x01(\r\x12&\n\x1eproposal_tokenizer_fingerprint\x18\x0b \x01(\t\x12\x0e\n\x06method\x18\x0c \x01(\t\x12 \n\x18kv_cache_capacity_tokens\x18\r \x01(\x04\x12\x12\n\nblock_size\x18\x0e \x01(\r\x12\x1d\n\x15\x65nable_prefix_caching\x18\x0f \x01(\x08\"\xb0\x01\n\x0fSpecDecodeStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x19\n\x11num_target_passes\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x1e\n\x16mean_acceptance_length\x18\x06 \x01(\x01\"\x10\n\x0eGetInfoRequest\"6\n\x0fGetInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\"-\n\x16ReleaseSequenceRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\"+\n\x17ReleaseSequenceResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/common.proto\x12\nspecdec.v1\"\xaa\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12(\n\tpenalties\x18\x05 \x01(\x0b\x32\x15.specdec.v1.Penalties\x12\r\n\x05min_p\x18\x06 \x01(\x02\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x07\n\x05_seed\"\xd9\x02\n\tPenalties\x12\x18\n\x10presence_penalty\x18\x01 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x02 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x03 \x01(\x02\x12\x38\n\nlogit_bias\x18\x04 \x03(\x0b\x32$.specdec.v1.Penalties.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x1e\n\x11num_prompt_tokens\x18\x08 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x61llowed_token_ids\x18\t \x03(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x14\n\x12_num_prompt_tokens\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"\x95\x03\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\"\n\x1amax_num_speculative_tokens\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12\x14\n\x0cmodel_source\x18\t \x01(\t\x12\x15\n\rmax_sequences\x18\n \x01(\r\x12&\n\x1eproposal_tokenizer_fingerprint\x18\x0b \x01(\t\x12\x0e\n\x06method\x18\x0c \x01(\t\x12 \n\x18kv_cache_capacity_tokens\x18\r \x01(\x04\x12\x12\n\nblock_size\x18\x0e \x01(\r\x12\x1d\n\x15\x65nable_prefix_caching\x18\x0f \x01(\x08\x12\x16\n\x0e\x66\x65\x61ture_layers\x18\x10 \x03(\r\"\x83\x01\n\x0cHiddenStates\x12\x16\n\x0estart_position\x18\x01 \x01(\r\x12\x15\n\rnum_positions\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\'\n\x05\x64type\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FeatureDType\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\xb0\x01\n\x0fSpecDecodeStats\x12\x12\n\nnum_drafts\x18\x01 \x01(\x04\x12\x18\n\x10num_draft_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13num_accepted_tokens\x18\x03 \x01(\x04\x12\x19\n\x11num_target_passes\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x1e\n\x16mean_acceptance_length\x18\x06 \x01(\x01\"\x10\n\x0eGetInfoRequest\"6\n\x0fGetInfoResponse\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.specdec.v1.ModelInfo\"-\n\x16ReleaseSequenceRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\"+\n\x17ReleaseSequenceResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02*\x7f\n\x0c\x46\x65\x61tureDType\x12\x1d\n\x19\x46\x45\x41TURE_DTYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46\x45\x41TURE_DTYPE_BFLOAT16\x10\x01\x12\x19\n\x15\x46\x45\x41TURE_DTYPE_FLOAT16\x10\x02\x12\x19\n\x15\x46\x45\x41TURE_DTYPE_FLOAT32\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PENALTIES_LOGITBIASENTRY']._loaded_options = None
   _globals['_PENALTIES_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FEATUREDTYPE']._serialized_start=1598
+  _globals['_FEATUREDTYPE']._serialized_end=1725
   _globals['_SAMPLINGPARAMS']._serialized_start=40
   _globals['_SAMPLINGPARAMS']._serialized_end=210
   _globals['_PENALTIES']._serialized_start=213
@@ -42,17 +44,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENDISTRIBUTION']._serialized_start=560
   _globals['_TOKENDISTRIBUTION']._serialized_end=613
   _globals['_MODELINFO']._serialized_start=616
-  _globals['_MODELINFO']._serialized_end=997
-  _globals['_SPECDECODESTATS']._serialized_start=1000
-  _globals['_SPECDECODESTATS']._serialized_end=1176
-  _globals['_GETINFOREQUEST']._serialized_start=1178
-  _globals['_GETINFOREQUEST']._serialized_end=1194
-  _globals['_GETINFORESPONSE']._serialized_start=1196
-  _globals['_GETINFORESPONSE']._serialized_end=1250
-  _globals['_RELEASESEQUENCEREQUEST']._serialized_start=1252
-  _globals['_RELEASESEQUENCEREQUEST']._serialized_end=1297
-  _globals['_RELEASESEQUENCERESPONSE']._serialized_start=1299
-  _globals['_RELEASESEQUENCERESPONSE']._serialized_end=1342
-  _globals['_TOKENLOGPROB']._serialized_start=1344
-  _globals['_TOKENLOGPROB']._serialized_end=1438
+  _globals['_MODELINFO']._serialized_end=1021
+  _globals['_HIDDENSTATES']._serialized_start=1024
+  _globals['_HIDDENSTATES']._serialized_end=1155
+  _globals['_SPECDECODESTATS']._serialized_start=1158
+  _globals['_SPECDECODESTATS']._serialized_end=1334
+  _globals['_GETINFOREQUEST']._serialized_start=1336
+  _globals['_GETINFOREQUEST']._serialized_end=1352
+  _globals['_GETINFORESPONSE']._serialized_start=1354
+  _globals['_GETINFORESPONSE']._serialized_end=1408
+  _globals['_RELEASESEQUENCEREQUEST']._serialized_start=1410
+  _globals['_RELEASESEQUENCEREQUEST']._serialized_end=1455
+  _globals['_RELEASESEQUENCERESPONSE']._serialized_start=1457
+  _globals['_RELEASESEQUENCERESPONSE']._serialized_end=1500
+  _globals['_TOKENLOGPROB']._serialized_start=1502
+  _globals['_TOKENLOGPROB']._serialized_end=1596
 # @@protoc_insertion_point(module_scope)

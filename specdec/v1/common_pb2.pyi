@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class FeatureDType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FEATURE_DTYPE_UNSPECIFIED: _ClassVar[FeatureDType]
+    FEATURE_DTYPE_BFLOAT16: _ClassVar[FeatureDType]
+    FEATURE_DTYPE_FLOAT16: _ClassVar[FeatureDType]
+    FEATURE_DTYPE_FLOAT32: _ClassVar[FeatureDType]
+FEATURE_DTYPE_UNSPECIFIED: FeatureDType
+FEATURE_DTYPE_BFLOAT16: FeatureDType
+FEATURE_DTYPE_FLOAT16: FeatureDType
+FEATURE_DTYPE_FLOAT32: FeatureDType
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "penalties", "min_p", "priority")
@@ -62,7 +74,7 @@ class TokenDistribution(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "dtype", "device", "max_num_speculative_tokens", "max_model_len", "eos_token_ids", "model_source", "max_sequences", "proposal_tokenizer_fingerprint", "method", "kv_cache_capacity_tokens", "block_size", "enable_prefix_caching")
+    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "dtype", "device", "max_num_speculative_tokens", "max_model_len", "eos_token_ids", "model_source", "max_sequences", "proposal_tokenizer_fingerprint", "method", "kv_cache_capacity_tokens", "block_size", "enable_prefix_caching", "feature_layers")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +90,7 @@ class ModelInfo(_message.Message):
     KV_CACHE_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     ENABLE_PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LAYERS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     tokenizer_fingerprint: str
@@ -93,7 +106,22 @@ class ModelInfo(_message.Message):
     kv_cache_capacity_tokens: int
     block_size: int
     enable_prefix_caching: bool
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_source: _Optional[str] = ..., max_sequences: _Optional[int] = ..., proposal_tokenizer_fingerprint: _Optional[str] = ..., method: _Optional[str] = ..., kv_cache_capacity_tokens: _Optional[int] = ..., block_size: _Optional[int] = ..., enable_prefix_caching: _Optional[bool] = ...) -> None: ...
+    feature_layers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_source: _Optional[str] = ..., max_sequences: _Optional[int] = ..., proposal_tokenizer_fingerprint: _Optional[str] = ..., method: _Optional[str] = ..., kv_cache_capacity_tokens: _Optional[int] = ..., block_size: _Optional[int] = ..., enable_prefix_caching: _Optional[bool] = ..., feature_layers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class HiddenStates(_message.Message):
+    __slots__ = ("start_position", "num_positions", "width", "dtype", "data")
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NUM_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    start_position: int
+    num_positions: int
+    width: int
+    dtype: FeatureDType
+    data: bytes
+    def __init__(self, start_position: _Optional[int] = ..., num_positions: _Optional[int] = ..., width: _Optional[int] = ..., dtype: _Optional[_Union[FeatureDType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SpecDecodeStats(_message.Message):
     __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_target_passes", "acceptance_rate", "mean_acceptance_length")

@@ -1,0 +1,140 @@
+"""EAGLE-3 across services: the target returns its features with each Verify, the gateway hands them to the draft
+service with the next Propose, and the output is the target's alone; through ``specdec serve`` and through
+separate processes whose draft and target are killed (SIGKILL) and restarted, or evict the sequence, mid-stream."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from specdec.entrypoints.serve import ServeConfig, start_stack
+from specdec.v1 import (common_pb2, draft_service_pb2_grpc, generation_service_pb2_grpc, target_service_pb2,
+                        target_service_pb2_grpc)
+from tests.service_processes import ServiceProcess
+from tests.services_conftest_helpers import collect, generate, generate_request, hooked, run_in_thread
+
+N = 16  # the prompts leave 16 tokens of the target's own answer to generate again
+
+
+def _reference(target_llm, prompts):
+    from specdec import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in target_llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+
+@pytest.mark.heavy
+def test_served_eagle3_is_the_target_alone(target_dir, eagle3_head_dir, eagle3_prompts, target_llm):
+    stack = start_stack(ServeConfig(model=str(target_dir), host="127.0.0.1", grpc_port=0, port=-1, dtype="float32",
+                                    speculative_config=json.dumps({"method": "eagle3", "model": str(eagle3_head_dir),
+                                                                   "num_speculative_tokens": 3})))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
+            stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+            info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
+            assert info.draft.method == "eagle3" and len(info.draft.feature_layers) == 3
+            assert info.draft.kv_cache_capacity_tokens == 0  # the head keeps its own cache, no KV pool
+            accepted = 0
+            for prompt, ref in zip(eagle3_prompts, _reference(target_llm, eagle3_prompts)):
+                out = generate(stub, generate_request(prompt_token_ids=prompt, max_tokens=N))
+                assert out.token_ids == ref
+                accepted += out.last.stats.num_accepted_tokens
+            assert accepted > 0  # features crossed the services: the head drafted from them
+        # the target's side of it: features of the asked layers, in bf16 by default, refused for a layer it lacks
+        with grpc.insecure_channel(f"127.0.0.1:{stack.target.port}") as channel:
+            target = target_service_pb2_grpc.TargetServiceStub(channel)
+            resp = target.Verify(target_service_pb2.VerifyRequest(
+                sequence_id="features", new_token_ids=eagle3_prompts[0][:12], feature_layers=[0, 1, 2]), timeout=30)
+            f = resp.features
+            assert (f.start_position, f.num_positions, f.width) == (0, 12, 3 * 64)
+            assert f.dtype == common_pb2.FEATURE_DTYPE_BFLOAT16 and len(f.data) == 12 * 3 * 64 * 2
+            plain = target.Verify(target_service_pb2.VerifyRequest(sequence_id="plain", new_token_ids=[1, 2, 3]),
+                                  timeout=30)
+            assert not plain.HasField("features")
+            with pytest.raises(grpc.RpcError) as err:
+                target.Verify(target_service_pb2.VerifyRequest(sequence_id="bad", new_token_ids=[1, 2],
+                                                               feature_layers=[0, 7]), timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "feature_layers" in err.value.details()
+    finally:
+        stack.stop(0)
+
+
+@pytest.fixture(scope="module")
+def processes(target_dir, eagle3_head_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("eagle3-logs")
+    target = ServiceProcess("target_service", ["--model", str(target_dir)], logs).start()
+    draft = ServiceProcess("draft_service", ["--model", str(eagle3_head_dir), "--method", "eagle3",
+                                             "--target-model", str(target_dir)], logs).start()
+    try:
+        yield target, draft
+    finally:
+        for proc in (target, draft):
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def gateway(processes, servers):
+    from gateway.config import GatewayConfig
+    from gateway.server import create_server
+
+    target, draft = processes
+    handle = servers.add(create_server(GatewayConfig(
+        target_addr=target.address, draft_addr=draft.address, host="127.0.0.1", port=0, num_speculative_tokens=3,
+        backend_timeout_seconds=60.0, startup_timeout_seconds=60.0, draft_breaker_failures=1,
+        draft_breaker_reset_seconds=0.3)))
+    channel = grpc.insecure_channel(f"127.0.0.1:{handle.port}")
+    yield handle.backend, generation_service_pb2_grpc.GenerationServiceStub(channel)
+    channel.close()
+
+
+@pytest.mark.heavy
+def test_killed_and_evicted_services_mid_stream(processes, gateway, eagle3_prompts, target_llm):
+    """Before the 4th Verify: the draft killed (the rest without drafts), the draft or the target restarted
+    (SIGKILL, a new process on the port), or either evicting the sequence. The text is the target's every time;
+    after a draft restart the head drafts again (the target fed the history again for its features)."""
+    target, draft = processes
+    gw, stub = gateway
+    prompt = eagle3_prompts[0]
+    (reference,) = _reference(target_llm, [prompt])
+
+    def restart(proc):
+        def interrupt(_sid):
+            proc.kill()
+            proc.start()
+        return interrupt
+
+    def evict(proc, stub_cls):
+        def interrupt(sid):
+            with grpc.insecure_channel(proc.address) as ch:
+                assert stub_cls(ch).ReleaseSequence(common_pb2.ReleaseSequenceRequest(sequence_id=sid),
+                                                    timeout=10).released
+        return interrupt
+
+    def kill(proc):
+        def interrupt(_sid):
+            proc.kill()
+        return interrupt
+
+    cases = [("draft evicted", evict(draft, draft_service_pb2_grpc.DraftServiceStub)),
+             ("target evicted", evict(target, target_service_pb2_grpc.TargetServiceStub)),
+             ("target restarted", restart(target)),
+             ("draft restarted", restart(draft)),
+             ("draft killed", kill(draft))]
+    for name, interrupt in cases:
+        with hooked(gw.target, "verify") as hook:
+            hook.pause_at(4)
+            thread, box = run_in_thread(lambda: collect(stub.Generate(
+                generate_request(prompt_token_ids=prompt, max_tokens=N), timeout=180)))
+            hook.wait_paused(60)
+            (sid,) = list(gw.target._held)
+            interrupt(sid)
+            hook.resume()
+            thread.join(180)
+        assert not thread.is_alive() and "error" not in box, (name, box.get("error"))
+        out = box["result"]
+        assert out.token_ids == reference, name
+        if name != "draft killed":
+            assert out.last.stats.num_accepted_tokens > 0, name
+    draft.start()
