@@ -56,7 +56,6 @@ _TOPICS = ["a lighthouse keeper", "learning to cook", "the moon", "a lost cat", 
            "a snowy forest", "starting a business", "kindness", "the desert", "bicycles", "a library",
            "sleep", "the internet", "mountains", "a birthday party", "clouds", "writing a resume",
            "a space station", "coffee"]
-_NOT_FOR_TRAINING = "specdec/assets/prompts/drafting.json"  # the benchmarks' prompts
 
 
 def chat_prompts(n: int, seed: int) -> list[str]:
@@ -64,18 +63,19 @@ def chat_prompts(n: int, seed: int) -> list[str]:
     from importlib import resources
 
     held = set()
-    try:
-        data = json.loads(resources.files("specdec").joinpath("assets/prompts/drafting.json").read_text())
-        held = {p for key, v in data.items() if isinstance(v, list) for p in v}
-    except (OSError, ValueError):
-        pass
+    for name in ("drafting.json", "chat.json"):  # the benchmarks' prompts
+        try:
+            data = json.loads(resources.files("specdec").joinpath(f"assets/prompts/{name}").read_text())
+        except (OSError, ValueError):
+            continue
+        held |= {p for v in data.values() if isinstance(v, list) for p in v}
     every = [t.format(topic) for t in _TEMPLATES for topic in _TOPICS]
     random.Random(seed).shuffle(every)
     return [p for p in every if p not in held][:n]
 
 
 # -- data ----------------------------------------------------------------------------------------------
-def _answers(lm: Any, prompts: list[str], tokens: int, batch: int = 16) -> list[list[int]]:
+def _answers(lm: Any, prompts: list[str], tokens: int, batch: int = 32) -> list[list[int]]:
     """Each prompt through the chat template, and the target's greedy answer after it (ids of both)."""
     tok, model = lm.tokenizer, lm.model
     out = []
@@ -139,7 +139,8 @@ def prepare_data(cfg: DistillConfig, lm: Any, layers: tuple[int, ...], out: Path
             logger.info("eagle3 data: %d sequences from %s", len(cached["seqs"]), path)
             return cached["seqs"]
     began = time.perf_counter()
-    seqs = _answers(lm, chat_prompts(cfg.chat_prompts, cfg.seed), cfg.response_tokens) if cfg.chat_prompts else []
+    seqs = (_answers(lm, chat_prompts(cfg.chat_prompts, cfg.seed), cfg.response_tokens, cfg.generate_batch)
+            if cfg.chat_prompts else [])
     seqs += _corpus(lm, cfg)
     labelled = _label(lm, [s for s in seqs if len(s) >= 3], layers, cfg.top_k)
     path.parent.mkdir(parents=True, exist_ok=True)

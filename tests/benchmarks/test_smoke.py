@@ -630,3 +630,29 @@ def test_smoke_serve_memory(tmp_path):
     assert set(data["weights_mib"]) == {"target", "draft"} and all(v > 0 for v in data["weights_mib"].values())
     check_table(stdout, ["part", "MiB"], "part", data["rows"])
     assert_reported(stdout, data)
+
+
+# bench_eagle3.py: the target alone, the default pair and an EAGLE-3 head across services (in-process under --smoke)
+
+EAGLE3_SETUPS = ["target alone", "default pair (suffix hybrid)", "eagle3 k=2", "eagle3 k=3", "eagle3 k=4"]
+EAGLE3 = Expected(
+    "bench_eagle3.py", ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance",
+                        "tokens/pass", "identical"], "setup", EAGLE3_SETUPS * 3,
+    {"target", "head", "dtype", "cpu", "stacks", "max_tokens", "repeats", "sampled", "wire", "goals", "mismatches",
+     "measured_seconds", "prompts"},
+    numeric=["tokens/s", "speedup", "tokens/pass"])
+
+
+@pytest.mark.heavy
+def test_smoke_eagle3(tmp_path):
+    stdout, data = run_smoke(EAGLE3, tmp_path)
+    check(EAGLE3, stdout, data)
+    assert [r["set"] for r in data["rows"]] == [s for s in ("open-ended", "input-grounded", "mixed")
+                                                for _ in EAGLE3_SETUPS]
+    assert all(r["identical"] for r in data["rows"]) and data["mismatches"] == []
+    assert data["stacks"]["eagle3"]["method"] == "eagle3"
+    assert [r["temperature"] for r in data["sampled"]] == [0.7] and data["sampled"][0]["identical"]
+    wire = data["wire"]
+    assert wire["width"] == 3 * 64 and wire["bytes_per_round"] > 0 and wire["with"]["response_bytes"] > \
+        wire["without"]["response_bytes"] + 2 * wire["width"]  # the features are in the response
+    assert set(data["goals"]) == {"open_ended_2x", "open_ended_2.5_tokens_per_pass", "mixed_not_worse_than_default"}

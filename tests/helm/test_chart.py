@@ -92,6 +92,8 @@ CASES = {
     "default": {},
     **{p.name.removesuffix("-values.yaml"): yaml.safe_load(p.read_text()) for p in EXAMPLES},
     "api-key-value": {"gateway": {"apiKey": {"value": API_KEY}}},
+    # an EAGLE-3 head: the draft reads the target's embedding from target.model
+    "eagle3": {"speculativeConfig": {"method": "eagle3", "model": "smollm2-135m-eagle3", "num_speculative_tokens": 3}},
     # One Secret of the operator's for every pod; HTTPS requiring client certificates, TLS on gRPC too.
     "tls-secret": {"tls": {"enabled": True, "secretName": "specdec-tls", "serverName": "specdec-test-server",
                            "http": {"enabled": True, "clientCertReqs": 2}, "grpc": {"enabled": True}},
@@ -450,6 +452,8 @@ def test_the_cli_reads_the_containers_settings(case, monkeypatch):
     assert gateway.use_heterogeneous_vocab is spec["use_heterogeneous_vocab"]
     assert gateway.adaptive_k is spec["adaptive_k"]
     assert draft.target_tokenizer == (target.model if spec["use_heterogeneous_vocab"] else None)
+    assert draft.target_model == (target.model if spec["method"] == "eagle3" else None)
+    assert draft.method == spec["method"]
     assert draft.tli_proposals == spec["tli_proposals"]
     assert draft.revision == spec["revision"]
     assert draft.quantization == (spec["quantization"] or "auto")  # null: the draft's default (int8)

@@ -98,6 +98,11 @@ spec:
             - name: SPECDEC_DRAFT_TARGET_TOKENIZER
               value: {{ $root.Values.target.model | quote }}
             {{- end }}
+            {{- if eq ($spec.method | default "draft_model") "eagle3" }}
+            {{- /* an EAGLE-3 head reads the target's token embedding and shape */}}
+            - name: SPECDEC_DRAFT_TARGET_MODEL
+              value: {{ $root.Values.target.model | quote }}
+            {{- end }}
             {{- with $spec.revision }}
             - name: SPECDEC_DRAFT_REVISION
               value: {{ . | quote }}

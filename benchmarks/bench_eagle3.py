@@ -1,0 +1,255 @@
+"""EAGLE-3 across services against the target alone and the embedded default pair, through the served stack.
+
+Side by side in one run, the same target (default: the embedded ``smollm2-135m``) at its default dtype, each kind of
+drafting one ``specdec serve`` stack in a process of its own:
+
+  * the target alone;
+  * the embedded default pair (``specdec.config.default_speculative_config()``: suffix hybrid with the distilled
+    draft);
+  * EAGLE-3 (``{"method": "eagle3", "model": HEAD}``; default: the shipped ``smollm2-135m-eagle3``) at each
+    ``--ks`` (the request's ``num_speculative_tokens``).
+
+Prompts: ``specdec/assets/prompts/chat.json`` (16 open-ended chat requests, 8 input-grounded; none is among the
+prompts the head was trained on), through the target's chat template, answers to EOS or ``--max-tokens``.
+Sets: open-ended, input-grounded, mixed (every other of each). Greedy rows: every prompt, every row back to back
+in a rotating order, ``--repeats`` passes; a row's time on a prompt is its fastest repeat. Reported per row and
+set: tokens/s, speed-up over the target alone, acceptance, tokens per target pass, identical output. Sampled rows
+(``--temperatures``, seeded): the target alone and EAGLE-3 at ``--sampled-k``, acceptance and tokens/s, the text
+equal to the target alone's (the coupled rule of seeded requests).
+
+Wire: the features a round moves (the target's Verify response, the draft's Propose request: rows x width bf16)
+per round, and their cost, measured on a target service started here after the rows: the same Verify (a 200-token
+context, k drafts) with and without ``feature_layers``, median of ``--wire-reps``; their share of an EAGLE-3
+round's time (the open-ended rows' mean round).
+
+    python benchmarks/bench_eagle3.py --max-tokens 96 --repeats 2
+    python benchmarks/bench_eagle3.py --head /path/to/head --ks 2 3 4 5
+    python benchmarks/bench_eagle3.py --smoke   # tiny random models and a random head, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_drafting import InProcessStack, Setup, aggregate, chat_formatter, first_mismatch, load_prompts  # noqa: E402
+from bench_serving import ServedStack  # noqa: E402
+from common import add_common_args, cpu_info, json_path, print_table, smoke_environment, smoke_models, write_json  # noqa: E402
+
+from specdec.config import DEFAULT_TARGET, default_speculative_config  # noqa: E402
+from specdec.model_files import resolve_model_path  # noqa: E402
+from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
+
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "specdec" / "assets" / "prompts" / "chat.json"
+DEFAULT_HEAD = "smollm2-135m-eagle3"
+COLUMNS = ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance", "tokens/pass",
+           "identical"]
+
+
+def generate(stub, prompt: str, k: int | None, max_tokens: int, temperature: float = 0.0, seed: int | None = None):
+    sampling = common_pb2.SamplingParams(temperature=temperature)
+    if seed is not None:
+        sampling.seed = seed
+    req = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, sampling_params=sampling)
+    if k is not None:
+        req.num_speculative_tokens = k
+    ids, last, first = [], None, None
+    start = time.perf_counter()
+    for resp in stub.Generate(req, timeout=600):
+        if first is None:
+            first = time.perf_counter() - start
+            first_tokens = len(resp.token_ids)
+        ids.extend(resp.token_ids)
+        last = resp
+    return {"seconds": time.perf_counter() - start, "ttft": first, "first_tokens": first_tokens, "token_ids": ids,
+            "prompt_tokens": last.prompt_tokens, "drafted": last.stats.num_draft_tokens,
+            "accepted": last.stats.num_accepted_tokens, "passes": last.stats.num_target_passes}
+
+
+def wire_cost(target: str, dtype: str, layers: list[int], k: int, reps: int) -> dict:
+    """Verify with and without features on a target service started here (nothing else runs now)."""
+    from specdec.v1 import target_service_pb2, target_service_pb2_grpc
+    from target_service.config import TargetServiceConfig
+    from target_service.server import create_server
+
+    handle = create_server(TargetServiceConfig(model=target, dtype=dtype, host="127.0.0.1", port=0))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
+            stub = target_service_pb2_grpc.TargetServiceStub(channel)
+            context = [(7 * i) % 5000 + 100 for i in range(200)]
+            out = {}
+            for name, asked in (("without", []), ("with", layers)):
+                times, size = [], 0
+                for r in range(reps + 3):
+                    sid = f"wire-{name}-{r}"
+                    stub.Verify(target_service_pb2.VerifyRequest(sequence_id=sid, new_token_ids=context,
+                                                                 feature_layers=asked), timeout=60)
+                    began = time.perf_counter()
+                    resp = stub.Verify(target_service_pb2.VerifyRequest(
+                        sequence_id=sid, start_position=len(context), new_token_ids=[11],
+                        draft_token_ids=[12] * k, feature_layers=asked, feature_start=len(context)), timeout=60)
+                    if r >= 3:
+                        times.append(time.perf_counter() - began)
+                    size = resp.ByteSize()
+                    stub.ReleaseSequence(common_pb2.ReleaseSequenceRequest(sequence_id=sid), timeout=10)
+                out[name] = {"verify_ms_median": 1000 * statistics.median(times), "response_bytes": size}
+            out["features_ms"] = out["with"]["verify_ms_median"] - out["without"]["verify_ms_median"]
+            return out
+    finally:
+        handle.stop(0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--head", default=DEFAULT_HEAD, help=f"the EAGLE-3 head (default: the shipped {DEFAULT_HEAD})")
+    ap.add_argument("--dtype", default="auto", help="both sides' dtype (default auto: each service's default)")
+    ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4])
+    ap.add_argument("--sampled-k", type=int, default=3)
+    ap.add_argument("--temperatures", type=float, nargs="*", default=[0.7, 1.0])
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompts", default=str(PROMPTS_FILE))
+    ap.add_argument("--prompts-per-set", type=int, default=None)
+    ap.add_argument("--wire-reps", type=int, default=30)
+    ap.add_argument("--in-process", action="store_true", help="the stacks in this process (default with --smoke)")
+    add_common_args(ap)
+    args = ap.parse_args()
+    out_path = json_path(args, "eagle3")
+    cpu = cpu_info()
+    tmp = None
+    if args.smoke:
+        tmp = tempfile.TemporaryDirectory(prefix="specdec-bench-smoke-")
+        smoke_environment(tmp.name)
+        args.target = smoke_models(tmp.name).target
+        args.head = _smoke_head(args.target, Path(tmp.name) / "head")
+        args.max_tokens, args.repeats, args.prompts_per_set, args.wire_reps = 8, 1, 2, 2
+        args.temperatures, args.in_process, args.dtype = [0.7], True, "float32"
+    specs = {"target": None, "default": default_speculative_config(),
+             "eagle3": {"method": "eagle3", "model": args.head, "num_speculative_tokens": max(args.ks + [args.sampled_k])}}
+    setups = [Setup("target alone", "target", None, "target"),
+              Setup("default pair (suffix hybrid)", "default", None, "default")]
+    setups += [Setup(f"eagle3 k={k}", "eagle3", k, "eagle3") for k in args.ks]
+    sets_prompts = load_prompts(Path(args.prompts), args.prompts_per_set)
+    fmt = chat_formatter(args.target, True)
+    messages = sets_prompts["open-ended"] + sets_prompts["input-grounded"]
+    prompts = [fmt(m) for m in messages]
+    n_open = len(sets_prompts["open-ended"])
+    sets = {"open-ended": list(range(n_open)), "input-grounded": list(range(n_open, len(prompts)))}
+    sets["mixed"] = sets["open-ended"][::2] + sets["input-grounded"][::2]
+    runs, sampled = {}, {}
+    with contextlib.ExitStack() as es:
+        stubs = {}
+        for name, spec in specs.items():
+            cfg = dict(model=args.target, speculative_config=json.dumps(spec) if spec else None, host="127.0.0.1",
+                       grpc_port=0, port=-1, dtype=args.dtype)
+            stack = es.enter_context(InProcessStack(cfg) if args.in_process else ServedStack(cfg))
+            stubs[name] = stack
+        for name, stack in list(stubs.items()):
+            channel = es.enter_context(grpc.insecure_channel(f"127.0.0.1:{stack.ports()[0]}"))
+            stubs[name] = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        info = stubs["eagle3"].GetInfo(common_pb2.GetInfoRequest(), timeout=30)
+        for s in setups:  # warm-up
+            generate(stubs[s.stack], prompts[0], s.k, 8)
+        began = time.perf_counter()
+        for r in range(args.repeats):
+            for i, prompt in enumerate(prompts):
+                shift = (r * len(prompts) + i) % len(setups)
+                for s in setups[shift:] + setups[:shift]:
+                    runs[(s.label, i, r)] = generate(stubs[s.stack], prompt, s.k, args.max_tokens)
+            print(f"repeat {r + 1}/{args.repeats} at {time.perf_counter() - began:.0f} s", file=sys.stderr)
+        for t in args.temperatures:  # sampled: open-ended prompts, seeded, one pass
+            for i in sets["open-ended"]:
+                for label, stack, k in (("target alone", "target", None), (f"eagle3 k={args.sampled_k}", "eagle3",
+                                                                            args.sampled_k)):
+                    sampled[(t, label, i)] = generate(stubs[stack], prompts[i], k, args.max_tokens, t, seed=1000 + i)
+        measured = time.perf_counter() - began
+    rows = aggregate(setups, sets, runs, args.repeats)
+    sampled_rows = []
+    for t in args.temperatures:
+        idx = sets["open-ended"]
+        base = sum(len(sampled[(t, "target alone", i)]["token_ids"]) for i in idx) / sum(
+            sampled[(t, "target alone", i)]["seconds"] for i in idx)
+        label = f"eagle3 k={args.sampled_k}"
+        res = [sampled[(t, label, i)] for i in idx]
+        tps = sum(len(x["token_ids"]) for x in res) / sum(x["seconds"] for x in res)
+        drafted = sum(x["drafted"] for x in res)
+        sampled_rows.append({"temperature": t, "setup": label, "tokens/s": tps, "speedup": tps / base,
+                             "acceptance": sum(x["accepted"] for x in res) / drafted if drafted else None,
+                             "tokens/pass": sum(len(x["token_ids"]) for x in res) / sum(x["passes"] for x in res),
+                             "identical": all(sampled[(t, label, i)]["token_ids"] == sampled[(t, "target alone", i)][
+                                 "token_ids"] for i in idx)})
+    target_cfg = json.loads((Path(resolve_model_path(args.target)[0]) / "config.json").read_text())
+    hidden = (target_cfg.get("text_config") or target_cfg)["hidden_size"]
+    layers = list(info.draft.feature_layers)
+    width = len(layers) * hidden
+    wire = wire_cost(args.target, args.dtype, layers, max(args.ks), args.wire_reps)
+    k_best = max((s for s in setups if s.kind == "eagle3"), key=lambda s: next(
+        r["speedup"] for r in rows if r["setup"] == s.label and r["set"] == "open-ended"))
+    ek = [runs[(k_best.label, i, 0)] for i in sets["open-ended"]]
+    rounds = sum(x["passes"] for x in ek)
+    fed = sum(x["prompt_tokens"] + len(x["token_ids"]) - 1 for x in ek)
+    round_ms = 1000 * sum(x["seconds"] for x in ek) / rounds
+    wire.update({"width": width, "layers": layers, "bytes_per_round": 2 * width * fed / rounds,
+                 "bytes_per_round_decode": 2 * width * (sum(len(x["token_ids"]) for x in ek) - len(ek)) / rounds,
+                 "round_ms": round_ms, "share_of_round": wire["features_ms"] / round_ms})
+    by = {(r["setup"], r["set"]): r for r in rows}
+    goals = {"open_ended_2x": {"setup": k_best.label, "value": by[(k_best.label, "open-ended")]["speedup"], "goal": 2.0},
+             "open_ended_2.5_tokens_per_pass": {"setup": k_best.label, "goal": 2.5,
+                                                "value": by[(k_best.label, "open-ended")]["tokens/pass"]},
+             "mixed_not_worse_than_default": {"setup": k_best.label, "goal": 1.0,
+                                              "value": by[(k_best.label, "mixed")]["tokens/s"]
+                                              / by[("default pair (suffix hybrid)", "mixed")]["tokens/s"]}}
+    for g in goals.values():
+        g["met"] = g["value"] >= g["goal"]
+    mismatches = first_mismatch(runs, setups, sets, args.repeats)
+    print(f"\n{args.target} with {args.head} (features of layers {layers}), {args.dtype}, served, greedy, "
+          f"{len(prompts)} prompts, up to {args.max_tokens} tokens, best of {args.repeats}; measured {measured:.0f} s")
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}\n")
+    print_table(rows, COLUMNS)
+    print()
+    print_table(sampled_rows, ["temperature", "setup", "tokens/s", "speedup", "acceptance", "tokens/pass", "identical"])
+    print(f"\nwire ({k_best.label}, open-ended): {wire['bytes_per_round']:.0f} bytes of features per round "
+          f"({wire['bytes_per_round_decode']:.0f} after the prompt's), Verify {wire['without']['verify_ms_median']:.2f} ms "
+          f"without / {wire['with']['verify_ms_median']:.2f} ms with features (+{wire['features_ms']:.2f} ms), "
+          f"{100 * wire['share_of_round']:.1f}% of a {round_ms:.1f} ms round")
+    for name, g in goals.items():
+        print(f"goal {name}: {g['setup']}: {g['value']:.2f} (goal >= {g['goal']}) -> {'MET' if g['met'] else 'NOT MET'}")
+    print("every greedy output is identical to the target alone's" if not mismatches
+          else f"OUTPUT DIFFERS in {len(mismatches)} request(s): {mismatches[0]}")
+    write_json(out_path, {"smoke": args.smoke, "target": args.target, "head": args.head, "dtype": args.dtype,
+                          "cpu": cpu, "stacks": specs, "max_tokens": args.max_tokens, "repeats": args.repeats,
+                          "rows": rows, "sampled": sampled_rows, "wire": wire, "goals": goals,
+                          "mismatches": mismatches, "measured_seconds": measured,
+                          "prompts": {"open-ended": sets_prompts["open-ended"],
+                                      "input-grounded": sets_prompts["input-grounded"]}})
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+def _smoke_head(target: str, out: Path) -> str:
+    """A random-weight head for the smoke target, in the published layout."""
+    from specdec.engine.eagle3 import Eagle3Config, Eagle3Head
+    from specdec.engine.eagle3_files import save_head
+
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    head = Eagle3Head(Eagle3Config(hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+                                   num_attention_heads=cfg["num_attention_heads"],
+                                   num_key_value_heads=cfg["num_key_value_heads"], vocab_size=cfg["vocab_size"],
+                                   draft_vocab_size=cfg["vocab_size"]))
+    save_head(head, out, with_embedding=False)
+    return str(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
