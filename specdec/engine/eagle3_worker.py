@@ -24,29 +24,11 @@ from specdec.drafting_state import DraftingState
 from specdec.engine.eagle3 import Eagle3Head, HeadCache
 from specdec.engine.workers import check_draft_sample_method, race_winner, truncate_top_n
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
+from specdec.feature_rows import chunk_rows
 from specdec.features import FeatureChunk
 from specdec.history import common_prefix
 from specdec.proposal import Proposal
 from specdec.sampling import apply_penalties, penalty_context, process_logits, sample
-
-_WIRE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def chunk_rows(chunk: FeatureChunk) -> torch.Tensor:
-    """A chunk's features as a tensor [rows, width] (decoding the wire's bytes)."""
-    if isinstance(chunk.data, torch.Tensor):
-        return chunk.data
-    dtype = _WIRE_DTYPES.get(chunk.dtype)
-    if dtype is None:
-        raise InvalidRequestError(f"features dtype {chunk.dtype!r} is not one of {sorted(_WIRE_DTYPES)}",
-                                  param="features")
-    data = bytes(chunk.data)
-    if len(data) != chunk.rows * chunk.width * torch.finfo(dtype).bits // 8:
-        raise InvalidRequestError(f"features of {chunk.rows} x {chunk.width} {chunk.dtype} need "
-                                  f"{chunk.rows * chunk.width * torch.finfo(dtype).bits // 8} bytes, got {len(data)}",
-                                  param="features")
-    return torch.frombuffer(bytearray(data), dtype=dtype).view(chunk.rows, chunk.width)
-
 
 @dataclass
 class _HeadSequence:

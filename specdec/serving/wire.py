@@ -90,10 +90,9 @@ def features_to_proto(chunk: FeatureChunk | None, dtype: str = DEFAULT_FEATURE_D
         return common_pb2.HiddenStates(start_position=chunk.start, num_positions=chunk.rows, width=chunk.width,
                                        dtype={v: k for k, v in _FEATURE_DTYPES.items()}.get(chunk.dtype, 0),
                                        data=bytes(chunk.data))
-    import torch  # imported where tensors are met (a gateway relays the bytes as they came)
+    from specdec.feature_rows import encode_rows  # torch: where tensors are met (a gateway relays bytes as they came)
 
-    data = chunk.data.to(getattr(torch, dtype)).contiguous()
-    raw = (data.view(torch.int16) if data.element_size() == 2 else data).numpy().tobytes()
+    raw = encode_rows(chunk.data, dtype)
     code = {v: k for k, v in _FEATURE_DTYPES.items()}[dtype]
     return common_pb2.HiddenStates(start_position=chunk.start, num_positions=chunk.rows, width=chunk.width,
                                    dtype=code, data=raw)
