@@ -370,6 +370,7 @@ class RemoteTarget(_RemoteBackend):
         resp = self._call(self._stub.Verify, make, sequence_id, token_ids)
         if relay is not None and resp.HasField("features"):
             relay.put(sequence_id, features_from_proto(resp.features))
+            gateway_series(self.model_name).feature_bytes.inc(len(resp.features.data))
         if self.on_call_time is not None:
             self.on_call_time(self.phase, len(proposal.draft_token_ids), time.monotonic() - began)
         next_token = resp.bonus_token_id if resp.WhichOneof("next_token") == "bonus_token_id" else resp.recovered_token_id

@@ -87,6 +87,8 @@ BACKEND_CALL = Histogram("specdec_backend_call_duration_seconds",
 HISTORY_RESENDS = Counter("specdec_history_resends", "Calls the gateway repeated with the whole history because "
                           "the service had lost the sequence (restart, eviction, preemption by its KV pool).",
                           (*LABELS, "phase"))
+FEATURE_BYTES = Counter("specdec_feature_bytes", "Bytes of the target's hidden states the gateway relayed from "
+                        "Verify responses to an EAGLE draft's Propose calls (method eagle3).", LABELS)
 SERVICE_QUEUE_TIME = Histogram("specdec_service_queue_time_seconds",
                                "A call's wait in a service's batcher before its batch runs.", LABELS,
                                buckets=_CALL_BUCKETS)
@@ -258,6 +260,7 @@ def init_gateway_series(model_name: str) -> None:
         REQUEST_SUCCESS.labels(*labels, reason)
     for outcome in ("used", "dropped"):
         LOOKAHEADS.labels(*labels, outcome)
+    FEATURE_BYTES.labels(*labels)
     for phase in ("propose", "verify"):
         HISTORY_RESENDS.labels(*labels, phase)
     for reason in ("draft_failed", "breaker_open", "load", "preempted"):
@@ -285,6 +288,7 @@ class GatewaySeries:
         self.prompt_tokens, self.generation_tokens = PROMPT_TOKENS.labels(*labels), GENERATION_TOKENS.labels(*labels)
         self.running, self.waiting = REQUESTS_RUNNING.labels(*labels), REQUESTS_WAITING.labels(*labels)
         self.lookaheads_used, self.lookaheads_dropped = (LOOKAHEADS.labels(*labels, o) for o in ("used", "dropped"))
+        self.feature_bytes = FEATURE_BYTES.labels(*labels)
         self._per_pos: list = []
         self._calls: dict = {}
 

@@ -10,8 +10,10 @@ import grpc
 import pytest
 
 from specdec.entrypoints.serve import ServeConfig, start_stack
+from specdec.serving import metrics as M
 from specdec.v1 import (common_pb2, draft_service_pb2_grpc, generation_service_pb2_grpc, target_service_pb2,
                         target_service_pb2_grpc)
+from tests.metrics_helpers import delta, parse
 from tests.service_processes import ServiceProcess
 from tests.services_conftest_helpers import collect, generate, generate_request, hooked, run_in_thread
 
@@ -37,11 +39,16 @@ def test_served_eagle3_is_the_target_alone(target_dir, eagle3_head_dir, eagle3_p
             assert info.draft.method == "eagle3" and len(info.draft.feature_layers) == 3
             assert info.draft.kv_cache_capacity_tokens == 0  # the head keeps its own cache, no KV pool
             accepted = 0
+            before = parse(M.exposition().decode())
             for prompt, ref in zip(eagle3_prompts, _reference(target_llm, eagle3_prompts)):
                 out = generate(stub, generate_request(prompt_token_ids=prompt, max_tokens=N))
                 assert out.token_ids == ref
                 accepted += out.last.stats.num_accepted_tokens
             assert accepted > 0  # features crossed the services: the head drafted from them
+            # every position of every prompt and answer once (bf16, 3 x 64 wide), counted by the gateway
+            relayed = delta(parse(M.exposition().decode()), before, "specdec_feature_bytes_total", service="gateway",
+                            model_name=str(target_dir))
+            assert relayed >= sum(len(p) for p in eagle3_prompts) * 3 * 64 * 2, relayed
         # the target's side of it: features of the asked layers, in bf16 by default, refused for a layer it lacks
         with grpc.insecure_channel(f"127.0.0.1:{stack.target.port}") as channel:
             target = target_service_pb2_grpc.TargetServiceStub(channel)
