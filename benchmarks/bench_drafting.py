@@ -173,9 +173,12 @@ class InProcessStack:
 # requests
 
 
-def generate(stub, prompt: str, k: int | None, max_tokens: int, ignore_eos: bool) -> dict:
-    req = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                             sampling_params=common_pb2.SamplingParams(temperature=0))
+def generate(stub, prompt: str, k: int | None, max_tokens: int, ignore_eos: bool, temperature: float = 0.0,
+             seed: int | None = None) -> dict:
+    sampling = common_pb2.SamplingParams(temperature=temperature)
+    if seed is not None:
+        sampling.seed = seed
+    req = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos, sampling_params=sampling)
     if k is not None:
         req.num_speculative_tokens = k
     ids: list[int] = []

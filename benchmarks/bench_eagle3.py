@@ -41,38 +41,19 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_drafting import InProcessStack, Setup, aggregate, chat_formatter, first_mismatch, load_prompts  # noqa: E402
+from bench_drafting import (InProcessStack, Setup, aggregate, chat_formatter, first_mismatch, generate,  # noqa: E402
+                            load_prompts)
 from bench_serving import ServedStack  # noqa: E402
 from common import add_common_args, cpu_info, json_path, print_table, smoke_environment, smoke_models, write_json  # noqa: E402
 
 from specdec.config import DEFAULT_TARGET, default_speculative_config  # noqa: E402
 from specdec.model_files import resolve_model_path  # noqa: E402
-from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
+from specdec.v1 import common_pb2, generation_service_pb2_grpc  # noqa: E402
 
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "specdec" / "assets" / "prompts" / "chat.json"
 DEFAULT_HEAD = "smollm2-135m-eagle3"
 COLUMNS = ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance", "tokens/pass",
            "identical"]
-
-
-def generate(stub, prompt: str, k: int | None, max_tokens: int, temperature: float = 0.0, seed: int | None = None):
-    sampling = common_pb2.SamplingParams(temperature=temperature)
-    if seed is not None:
-        sampling.seed = seed
-    req = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, sampling_params=sampling)
-    if k is not None:
-        req.num_speculative_tokens = k
-    ids, last, first = [], None, None
-    start = time.perf_counter()
-    for resp in stub.Generate(req, timeout=600):
-        if first is None:
-            first = time.perf_counter() - start
-            first_tokens = len(resp.token_ids)
-        ids.extend(resp.token_ids)
-        last = resp
-    return {"seconds": time.perf_counter() - start, "ttft": first, "first_tokens": first_tokens, "token_ids": ids,
-            "prompt_tokens": last.prompt_tokens, "drafted": last.stats.num_draft_tokens,
-            "accepted": last.stats.num_accepted_tokens, "passes": last.stats.num_target_passes}
 
 
 def wire_cost(target: str, dtype: str, layers: list[int], k: int, reps: int) -> dict:
@@ -159,19 +140,20 @@ def main() -> int:
             stubs[name] = generation_service_pb2_grpc.GenerationServiceStub(channel)
         info = stubs["eagle3"].GetInfo(common_pb2.GetInfoRequest(), timeout=30)
         for s in setups:  # warm-up
-            generate(stubs[s.stack], prompts[0], s.k, 8)
+            generate(stubs[s.stack], prompts[0], s.k, 8, False)
         began = time.perf_counter()
         for r in range(args.repeats):
             for i, prompt in enumerate(prompts):
                 shift = (r * len(prompts) + i) % len(setups)
                 for s in setups[shift:] + setups[:shift]:
-                    runs[(s.label, i, r)] = generate(stubs[s.stack], prompt, s.k, args.max_tokens)
+                    runs[(s.label, i, r)] = generate(stubs[s.stack], prompt, s.k, args.max_tokens, False)
             print(f"repeat {r + 1}/{args.repeats} at {time.perf_counter() - began:.0f} s", file=sys.stderr)
         for t in args.temperatures:  # sampled: open-ended prompts, seeded, one pass
             for i in sets["open-ended"]:
                 for label, stack, k in (("target alone", "target", None), (f"eagle3 k={args.sampled_k}", "eagle3",
                                                                             args.sampled_k)):
-                    sampled[(t, label, i)] = generate(stubs[stack], prompts[i], k, args.max_tokens, t, seed=1000 + i)
+                    sampled[(t, label, i)] = generate(stubs[stack], prompts[i], k, args.max_tokens, False, t,
+                                                       seed=1000 + i)
         measured = time.perf_counter() - began
     rows = aggregate(setups, sets, runs, args.repeats)
     sampled_rows = []
