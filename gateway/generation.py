@@ -138,6 +138,9 @@ class Gateway:
                 f"target ids: start the draft service with --target-tokenizer {t.model_name!r} "
                 "(env SPECDEC_DRAFT_TARGET_TOKENIZER) to enable Token-Level Intersection")
         if d.method in FEATURE_METHODS:
+            if self.config.use_heterogeneous_vocab:
+                raise ConfigError(f"the draft is an EAGLE head ({d.method}): it drafts in the target's own ids from its "
+                                  "hidden states, never for another vocabulary (--no-use-heterogeneous-vocab)")
             if self.config.overlap:
                 raise ConfigError(f"the draft is an EAGLE head ({d.method}): it drafts from the features of the round "
                                   "just verified, so it cannot draft during that verification (--no-overlap)")

@@ -145,3 +145,17 @@ def test_killed_and_evicted_services_mid_stream(processes, gateway, eagle3_promp
         if name != "draft killed":
             assert out.last.stats.num_accepted_tokens > 0, name
     draft.start()
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("setting, message", [({"overlap": True}, "--no-overlap"),
+                                              ({"use_heterogeneous_vocab": True}, "--no-use-heterogeneous-vocab")])
+def test_a_gateway_refuses_what_an_eagle_draft_cannot_do(processes, setting, message):
+    from gateway.config import GatewayConfig
+    from gateway.server import create_server
+    from specdec.errors import ConfigError
+
+    target, draft = processes
+    with pytest.raises(ConfigError, match=message):
+        create_server(GatewayConfig(target_addr=target.address, draft_addr=draft.address, host="127.0.0.1", port=0,
+                                    startup_timeout_seconds=60.0, **setting))
