@@ -302,8 +302,11 @@ def check_vocab_compatible(target_fp: str, draft_fp: str, target_name: str, draf
 
 
 DEFAULT_DRAFT = "smollm2-135m-draft"
-# Drafts distilled with `specdec distill` and shipped inside the package (normal HF folders).
-SHIPPED_MODELS: dict[str, Path] = {DEFAULT_DRAFT: Path(__file__).resolve().parent / "assets" / DEFAULT_DRAFT}
+DEFAULT_EAGLE3_HEAD = "smollm2-135m-eagle3"  # trained by `specdec distill --method eagle3` for smollm2-135m
+# Drafts distilled with `specdec distill` and shipped inside the package (normal HF folders; the EAGLE-3 head in the
+# published EAGLE-3 layout).
+SHIPPED_MODELS: dict[str, Path] = {name: Path(__file__).resolve().parent / "assets" / name
+                                   for name in (DEFAULT_DRAFT, DEFAULT_EAGLE3_HEAD)}
 
 
 def default_draft_path():
