@@ -50,7 +50,7 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
     "draft": {"model": "model", "method": "method", "draft_sample_method": "draft_sample_method",
               "tli_proposals": "tli_proposals", "prompt_lookup_max": "prompt_lookup_max",
               "prompt_lookup_min": "prompt_lookup_min", "max_model_len": "max_model_len", "revision": "revision",
-              "target_tokenizer": "use_heterogeneous_vocab", "quantization": "quantization",
+              "target_tokenizer": "use_heterogeneous_vocab", "target_model": "method", "quantization": "quantization",
               "draft_model_num_speculative_tokens": "draft_model_num_speculative_tokens",
               **{key: key for key in SUFFIX_KEYS}},
     "gateway": {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",

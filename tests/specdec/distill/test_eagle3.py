@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from specdec.distill.eagle3 import chat_prompts
@@ -45,6 +46,7 @@ def test_training_lowers_the_loss_and_exports_the_published_layout(setup):
     assert list(layers) == summary["feature_layers"] and head.cfg.draft_vocab_size == 256
 
 
+@pytest.mark.heavy
 def test_a_killed_run_resumes_without_labelling_again(setup):
     """A real process, killed with SIGKILL after a checkpoint: the same command resumes at the checkpoint's step
     and reuses the cached features (the data file is not written again)."""

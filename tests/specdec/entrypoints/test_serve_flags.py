@@ -122,6 +122,8 @@ def test_speculative_config_keys_reach_the_parts():
         for name, key in SPEC_KEYS[role].items():
             if name == "target_tokenizer":
                 assert draft.target_tokenizer == "t"
+            elif name == "target_model":  # only an EAGLE-3 head reads the target (below)
+                assert draft.target_model is None
             elif name == "max_model_len":
                 assert config.max_model_len == 99  # the smaller of the key and --max-model-len
             else:
@@ -177,13 +179,19 @@ def test_no_flag_of_any_command_takes_a_boolean_value():
             assert action.metavar != "BOOL", (name, action.option_strings)
 
 
+def test_an_eagle3_head_is_given_the_target():
+    cfg, resolved = _serve(["t", "--speculative-config", json.dumps({"method": "eagle3", "model": "h"})])
+    _, draft, gateway = part_configs(cfg, resolved, "t")
+    assert (draft.method, draft.model, draft.target_model, draft.target_tokenizer) == ("eagle3", "h", "t", None)
+
+
 def test_parts_take_the_speculative_config_defaults():
     """A part's setting that a speculative_config key sets defaults to that key's default (one definition)."""
     spec_defaults = SpeculativeConfig.__dataclass_fields__
     for role, keys in SPEC_KEYS.items():
         default = PARTS[role]()
         for name, key in keys.items():
-            if name in ("model", "target_tokenizer", "max_model_len", "revision"):
+            if name in ("model", "target_tokenizer", "target_model", "max_model_len", "revision"):
                 continue  # the model names are the default pair's; the rest: "the model's" / none on both sides
             assert getattr(default, name) == spec_defaults[key].default, (role, name)
 
