@@ -19,6 +19,7 @@ predictions, as it drafts).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -91,8 +92,6 @@ class Eagle3Head(nn.Module):
         rs = self.cfg.rope_scaling or {}
         if rs.get("rope_type", rs.get("type")) != "llama3":
             return inv
-        import math
-
         factor, low, high = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
         old = rs.get("original_max_position_embeddings", 8192)
         wavelen = 2 * math.pi / inv

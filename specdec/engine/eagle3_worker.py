@@ -26,7 +26,7 @@ from specdec.engine.workers import check_draft_sample_method, race_winner, trunc
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.feature_rows import chunk_rows
 from specdec.features import FeatureChunk
-from specdec.history import common_prefix
+from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal
 from specdec.sampling import apply_penalties, penalty_context, process_logits, sample
 
@@ -35,6 +35,8 @@ class _HeadSequence:
     cache: HeadCache
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)  # the committed tokens the cache was computed with
+    source: Any = None  # the history the tokens were last read from, and its mark (specdec.history)
+    mark: Any = None
     consumed: int = 0  # positions [0, consumed) hold the target's features in the cache
     last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, prenorm) of position consumed - 1
     last_used: float = field(default_factory=time.monotonic)
@@ -130,19 +132,23 @@ class Eagle3Worker:
     def _propose(self, call: ProposeCall) -> Proposal:
         method = call.draft_sample_method or self.draft_sample_method
         check_draft_sample_method(method)
-        tokens = list(call.token_ids)
+        tokens = call.token_ids
         if not tokens:
             raise InvalidRequestError("draft: the sequence is empty", param="prompt")
         if len(tokens) + call.num_speculative_tokens > self.runner.max_model_len + 1:
             raise InvalidRequestError(f"{len(tokens)} tokens + {call.num_speculative_tokens} draft tokens exceed "
                                       f"max_model_len={self.runner.max_model_len}", param="max_model_len")
         seq = self.runner.get_or_create(call.sequence_id, call.params.seed)
+        # the held tokens follow the call's by what changed only (a round costs its new ids, not the history)
+        same = common_prefix(seq.tokens, tokens, unchanged_prefix(seq.source, seq.mark, tokens))
+        del seq.tokens[same:]
+        seq.tokens.extend(tokens[same:])
+        seq.source, seq.mark = mark_of(tokens)
         # position p's entry was computed with tokens up to p + 1: it stays while those are unchanged
-        keep = min(seq.consumed, max(common_prefix(seq.tokens, tokens) - 1, 0))
+        keep = min(seq.consumed, max(same - 1, 0))
         if keep < seq.consumed:
             seq.cache.truncate(keep)
             seq.consumed, seq.last = keep, None
-        seq.tokens = tokens
         self._feed(seq, tokens, call.features or [])
         k = call.num_speculative_tokens
         if seq.consumed < len(tokens) - 1 or seq.last is None or k == 0:

@@ -226,8 +226,9 @@ class ModelRunner:
             offset = 0
             for seq, start, n, want in zip(seqs, starts, counts, capture):
                 if want:
-                    cols = [c for i in want for c in range(layers.index(i) * width, (layers.index(i) + 1) * width)]
-                    seq.captured.append((start, self.net.captured[offset:offset + n][:, cols]))
+                    rows = self.net.captured[offset:offset + n]
+                    seq.captured.append((start, rows if want == layers else torch.cat(
+                        [rows[:, layers.index(i) * width:(layers.index(i) + 1) * width] for i in want], dim=-1)))
                 offset += n
         keep, offset, ranges = [], 0, []
         for n, m, z in zip(counts, num_logits, lazy):  # each row's last m positions reach the LM head

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.errors import ConfigError
 from specdec.model_files import load_tokenizer, resolve_model_path, tokenizer_fingerprint
 
 
@@ -25,8 +24,6 @@ def load_eagle_head(cfg: Any, target: str, draft_sample_method: str, top_n: int 
     store = HeadStore(head, max_model_len, cfg.max_sequences)
     worker = Eagle3Worker(store, draft_sample_method, top_n=top_n,
                           eos_token_ids=frozenset([eos] if eos is not None else []))
-    if not layers:
-        raise ConfigError(f"EAGLE-3 head {cfg.model}: no feature layers")
     fingerprint = tokenizer_fingerprint(tokenizer)
     info = {"method": "eagle3", "model_name": cfg.model, "vocab_size": shape["vocab_size"],
             "tokenizer_fingerprint": fingerprint, "proposal_tokenizer_fingerprint": fingerprint,
