@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from kernels.cpu_build import KernelUnavailable, build
+from kernels.paged_attention import TreePaths
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def _library() -> ctypes.CDLL:
     fn = lib.paged_attention
     fn.restype = _I32
     fn.argtypes = [_P, _P, _P, _I32, _I64, _P, _I32, _P, _P, _P, _P, _I32, _I32, _I32, _I32, _I32, _I32, _I32,
-                   _I32, _F32, _P, _I32, _P, _I32]
+                   _I32, _F32, _P, _I32, _P, _I32, _P, _P, _P]
     return lib
 
 
@@ -53,13 +54,17 @@ class CpuAttentionPlan:
     partial results), computed once for every layer of a pass."""
 
     def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                 windows=(None,)):
+                 windows=(None,), tree: TreePaths | None = None):
         self.tables = block_tables.to(torch.int32).contiguous()
         starts = query_start_loc.to(torch.int64)
         counts = starts[1:] - starts[:-1]
         self.tokens, self.seqs = int(starts[-1]), len(counts)
         seq_of = torch.repeat_interleave(torch.arange(self.seqs), counts)
         pos = (context_lens.to(torch.int64) - counts)[seq_of] + torch.arange(self.tokens) - starts[:-1][seq_of]
+        self.tree = None
+        if tree is not None:  # token trees: each query's own position, and its path (kernels.paged_attention)
+            pos = tree.positions.to(torch.int64)
+            self.tree = [x.to(torch.int32).contiguous() for x in (tree.starts, tree.offsets, tree.slots)]
         self.seq_of, self.pos = seq_of.to(torch.int32), pos.to(torch.int32)
         self.tok0, self.ntok = starts[:-1].to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
         self.max_chunks = {}
@@ -93,7 +98,7 @@ class CpuAttentionPlan:
             k_pool.stride(0), self.tables.data_ptr(), self.tables.shape[1], self.seq_of.data_ptr(),
             self.pos.data_ptr(), self.tok0.data_ptr(), self.ntok.data_ptr(), tokens, self.seqs, heads, kv_heads, dim,
             block_size, int(window or 0), CHUNK, float(scale), self._partials.data_ptr(), max_chunks, out.data_ptr(),
-            threads or torch.get_num_threads())
+            threads or torch.get_num_threads(), *([x.data_ptr() for x in self.tree] if self.tree else [None] * 3))
         if rc != 0:
             raise MemoryError("the CPU attention kernel ran out of memory")
         return out if q.dtype == torch.float32 else out.to(q.dtype)
@@ -110,8 +115,9 @@ def paged_attention_cpu(
     scale: float,
     window: int | None = None,
     threads: int | None = None,
+    tree: TreePaths | None = None,
 ) -> torch.Tensor:                  # [tokens, heads, dim], q's dtype
     """``kernels.paged_attention.paged_attention_reference`` by the C kernel (see the module), on CPU tensors.
     (A pass of many layers builds one :class:`CpuAttentionPlan` and calls it per layer.)"""
-    plan = CpuAttentionPlan(block_tables, context_lens, query_start_loc, (window,))
+    plan = CpuAttentionPlan(block_tables, context_lens, query_start_loc, (window,), tree)
     return plan(q, k_pool, v_pool, block_size, scale, window, threads)

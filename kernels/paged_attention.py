@@ -16,6 +16,13 @@ Layout, shared with the CPU engine:
 The output is ``[total_new_tokens, heads, head_dim]`` in q's dtype; scores, softmax and the weighted sum are
 float32 in both paths.
 
+Token trees (``tree``, a :class:`TreePaths`; ``specdec.trees``): a tree's nodes are written to consecutive
+positions after the history, one per node, but each node attends as if it were the last token of a chain: the
+history, then its ancestors and itself. So each query has its own position (the history's length plus its
+depth) and, from the tree's first position on, reads its keys through its own path of pool rows instead of the
+block table. A node's output is then bitwise the output of the same tokens verified as a chain, in every
+implementation (the same keys, at the same positions, reduced in the same order).
+
 The Triton kernel runs one program per (new token, head): an online softmax (flash-attention style) over the
 sequence's key blocks, taken in order through its block table, from the first block the window reaches to the
 block holding the query's own position. The keys are reduced in splits of ``split_keys(block_size)`` keys (512)
@@ -35,10 +42,56 @@ the reference and ``paged_attention``) before ``kernels.dispatch`` has chosen Tr
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
 tl = None  # triton.language, imported by ``_kernel`` on first use, for the kernel body below
+
+NO_TREE = 2 ** 31 - 1  # TreePaths.starts of a query outside any tree: it never reads a path
+
+
+@dataclass
+class TreePaths:
+    """Where each query of a pass reads its keys when some rows are token trees (see the module): int32 tensors
+    on the pass's device. ``positions`` [tokens]: each query's position. ``starts`` [tokens]: the first position
+    it reads through its path (``NO_TREE``: none, it reads the block table only). ``offsets`` [tokens]: where its
+    path begins in ``slots``; ``slots`` [total]: pool rows, one per position from ``starts`` to the query's own."""
+
+    positions: torch.Tensor
+    starts: torch.Tensor
+    offsets: torch.Tensor
+    slots: torch.Tensor
+
+    @classmethod
+    def of(cls, tables: list[list[int]], starts: list[int], counts: list[int], trees: list[list[int] | None],
+           block_size: int, device: torch.device | str = "cpu") -> "TreePaths":
+        """A pass's paths: row i feeds ``counts[i]`` tokens from position ``starts[i]`` through block table
+        ``tables[i]``; with ``trees[i]`` (parents, ``specdec.trees``) its last ``len(trees[i])`` tokens are a
+        tree's nodes, written in node order from the tree's first position and attending as their paths."""
+        positions: list[int] = []
+        first: list[int] = []
+        offsets: list[int] = []
+        slots: list[int] = []
+        for table, start, n, parents in zip(tables, starts, counts, trees):
+            t = len(parents) if parents else 0
+            root = start + n - t  # the tree's first position (its root is the token before)
+            positions += range(start, root)
+            first += [NO_TREE] * (root - start)
+            offsets += [0] * (root - start)
+            depth: list[int] = []
+            paths: list[list[int]] = []
+            for i, parent in enumerate(parents or ()):
+                depth.append(0 if parent < 0 else depth[parent] + 1)
+                p = root + i
+                paths.append((paths[parent] if parent >= 0 else []) + [table[p // block_size] * block_size + p % block_size])
+                positions.append(root + depth[i])
+                first.append(root)
+                offsets.append(len(slots))
+                slots += paths[i]
+        def as_tensor(x):
+            return torch.tensor(x or [0], dtype=torch.int32, device=device)
+        return cls(as_tensor(positions), as_tensor(first), as_tensor(offsets), as_tensor(slots))
 
 
 def _check(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, window) -> None:
@@ -69,9 +122,13 @@ def paged_attention_reference(
     block_size: int,
     scale: float,
     window: int | None = None,
+    tree: TreePaths | None = None,
 ) -> torch.Tensor:                  # [tokens, heads, dim], q's dtype
-    """The specification: gather each sequence's keys through its block table, then masked softmax in fp32."""
+    """The specification: gather each sequence's keys through its block table, then masked softmax in fp32.
+    With ``tree``, each query of a tree reads its own keys (its path), one query at a time."""
     _check(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, window)
+    if tree is not None:
+        return _tree_reference(q, k_pool, v_pool, block_tables, query_start_loc, block_size, scale, window, tree)
     group = q.shape[1] // k_pool.shape[0]
     out = torch.empty_like(q)
     starts, lens, tables = query_start_loc.tolist(), context_lens.tolist(), block_tables.long()
@@ -98,6 +155,29 @@ def paged_attention_reference(
     return out
 
 
+def _tree_reference(q, k_pool, v_pool, block_tables, query_start_loc, block_size, scale, window, tree):
+    """The reference with token trees: each query's keys are positions [lo, pos], read through the block table
+    before ``starts[t]`` and through its path from there."""
+    group = q.shape[1] // k_pool.shape[0]
+    out = torch.empty_like(q)
+    qsl, tables = query_start_loc.tolist(), block_tables.long()
+    positions, starts, offsets = tree.positions.tolist(), tree.starts.tolist(), tree.offsets.tolist()
+    for s in range(len(qsl) - 1):
+        for t in range(qsl[s], qsl[s + 1]):
+            pos = positions[t]
+            lo = max(0, pos + 1 - window) if window is not None else 0
+            keys = torch.arange(lo, pos + 1, device=q.device)
+            rows = tables[s, keys // block_size] * block_size + keys % block_size
+            through = keys >= starts[t]
+            if bool(through.any()):
+                rows[through] = tree.slots[offsets[t] + keys[through] - starts[t]].long()
+            k = k_pool[:, rows].float().repeat_interleave(group, dim=0)                   # [heads, keys, dim]
+            v = v_pool[:, rows].float().repeat_interleave(group, dim=0)
+            scores = (q[t].float()[:, None, :] @ k.transpose(1, 2))[:, 0] * scale           # [heads, keys]
+            out[t] = (scores.softmax(-1)[:, None, :] @ v)[:, 0].to(q.dtype)               # [heads, dim]
+    return out
+
+
 # keys per split (rounded to whole blocks): a query's keys are reduced in splits at multiples of this position
 SPLIT_KEYS = 512
 # a pass of at most this many new tokens runs its splits as programs of their own (then a merge program)
@@ -110,10 +190,11 @@ def split_keys(block_size: int) -> int:
 
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, ctx_ptr, qsl_ptr, seq_of_ptr, part_ptr,
+    tpos_ptr, tstart_ptr, toff_ptr, tslots_ptr,
     q_t, q_h, q_d, k_h, k_s, k_d, v_h, v_s, v_d, o_t, o_h, table_stride,
     scale, window, group, head_dim, block_size, max_splits,
     HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
-    PARALLEL: tl.constexpr,
+    PARALLEL: tl.constexpr, HAS_TREE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)  # the new token
     h = tl.program_id(1).to(tl.int64)  # its head
@@ -121,6 +202,12 @@ def _paged_attention_kernel(
     q_start = tl.load(qsl_ptr + seq)
     n_new = tl.load(qsl_ptr + seq + 1) - q_start
     pos = tl.load(ctx_ptr + seq) - n_new + (t - q_start)  # the query's position in its sequence
+    t_start = pos * 0  # token trees: from this position on, its keys are read through its path
+    t_off = pos * 0
+    if HAS_TREE:
+        pos = tl.load(tpos_ptr + t).to(tl.int64)
+        t_start = tl.load(tstart_ptr + t).to(tl.int64)
+        t_off = tl.load(toff_ptr + t).to(tl.int64)
     lo = pos * 0  # the first key it sees
     if HAS_WINDOW:
         lo = tl.maximum(pos - window + 1, 0)
@@ -148,6 +235,10 @@ def _paged_attention_kernel(
             k_pos = b * block_size + slot                                        # [BLOCK_N]
             ok = (slot < block_size) & (k_pos <= pos) & (k_pos >= lo)            # [BLOCK_N]
             row = physical * block_size + slot                                   # [BLOCK_N] rows of the pool
+            if HAS_TREE:  # a tree's node: its ancestors' rows (and its own) from the tree's first position
+                through = ok & (k_pos >= t_start)
+                path_row = tl.load(tslots_ptr + t_off + (k_pos - t_start), mask=through, other=0).to(tl.int64)
+                row = tl.where(through, path_row, row)
             mask = ok[:, None] & d_ok[None, :]                                   # [BLOCK_N, BLOCK_D]
             k = tl.load(k_ptr + kv_h * k_h + row[:, None] * k_s + d[None, :] * k_d, mask=mask, other=0.0)
             s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)                    # [BLOCK_N]
@@ -184,8 +275,8 @@ _merge_split = None  # the jit function of _merge_split_fn, made with the kernel
 
 
 def _merge_kernel(
-    out_ptr, ctx_ptr, qsl_ptr, seq_of_ptr, part_ptr, o_t, o_h, window, head_dim, block_size, max_splits,
-    HAS_WINDOW: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
+    out_ptr, ctx_ptr, qsl_ptr, seq_of_ptr, part_ptr, tpos_ptr, o_t, o_h, window, head_dim, block_size, max_splits,
+    HAS_WINDOW: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCKS: tl.constexpr, HAS_TREE: tl.constexpr,
 ):
     """Per (token, head): the splits' partial results merged in order, the same arithmetic as the one-program
     kernel's merge (so the output is the same bits)."""
@@ -195,6 +286,8 @@ def _merge_kernel(
     q_start = tl.load(qsl_ptr + seq)
     n_new = tl.load(qsl_ptr + seq + 1) - q_start
     pos = tl.load(ctx_ptr + seq) - n_new + (t - q_start)
+    if HAS_TREE:
+        pos = tl.load(tpos_ptr + t).to(tl.int64)
     lo = pos * 0
     if HAS_WINDOW:
         lo = tl.maximum(pos - window + 1, 0)
@@ -236,6 +329,7 @@ def paged_attention_triton(
     scale: float,
     window: int | None = None,
     parallel: bool | None = None,
+    tree: TreePaths | None = None,
 ) -> torch.Tensor:                  # [tokens, heads, dim], q's dtype
     """Triton twin of ``paged_attention_reference``, without host syncs (so the sequences' lengths are not
     checked: each needs ``new tokens <= context_lens[s] <= its blocks * block_size``). On a CPU it runs in
@@ -267,24 +361,29 @@ def paged_attention_triton(
     part = torch.empty((tokens, heads, max_splits, block_d + 2) if parallel else (1,), dtype=torch.float32,
                        device=q.device)
     attend, merge = _kernel()
+    if tree is not None:
+        paths = [x.to(device=q.device, dtype=torch.int32).contiguous()
+                 for x in (tree.positions, tree.starts, tree.offsets, tree.slots)]
+    else:
+        paths = [token] * 4  # never read
     attend[(tokens, heads, max_splits if parallel else 1)](
-        q, k_pool, v_pool, out, tables, ctx, qsl, seq_of, part,
+        q, k_pool, v_pool, out, tables, ctx, qsl, seq_of, part, *paths,
         *q.stride(), *k_pool.stride(), *v_pool.stride(), out.stride(0), out.stride(1), tables.stride(0),
         float(scale), int(window or 0), heads // k_pool.shape[0], dim, block_size, max_splits,
         HAS_WINDOW=window is not None, BLOCK_N=triton.next_power_of_2(block_size), BLOCK_D=block_d,
-        SPLIT_BLOCKS=split_blocks, PARALLEL=parallel,
+        SPLIT_BLOCKS=split_blocks, PARALLEL=parallel, HAS_TREE=tree is not None,
     )
     if parallel:
-        merge[(tokens, heads)](out, ctx, qsl, seq_of, part, out.stride(0), out.stride(1), int(window or 0), dim,
-                               block_size, max_splits, HAS_WINDOW=window is not None, BLOCK_D=block_d,
-                               SPLIT_BLOCKS=split_blocks)
+        merge[(tokens, heads)](out, ctx, qsl, seq_of, part, paths[0], out.stride(0), out.stride(1), int(window or 0),
+                               dim, block_size, max_splits, HAS_WINDOW=window is not None, BLOCK_D=block_d,
+                               SPLIT_BLOCKS=split_blocks, HAS_TREE=tree is not None)
     return out
 
 
 def paged_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, query_start_loc: torch.Tensor, block_size: int, scale: float,
-    window: int | None = None, backend: str | None = None,
+    window: int | None = None, backend: str | None = None, tree: TreePaths | None = None,
 ) -> torch.Tensor:  # [tokens, heads, dim]
     """Paged attention with ``backend`` ``"auto"`` (None: ``$SPECDEC_KERNELS``, else auto), ``"triton"`` or
     ``"torch"``, resolved by ``kernels.dispatch.resolve``: Triton on CUDA, the torch reference on a CPU unless
@@ -292,4 +391,4 @@ def paged_attention(
     from kernels.dispatch import resolve
 
     fn = paged_attention_triton if resolve(backend, q.device) == "triton" else paged_attention_reference
-    return fn(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, scale, window)
+    return fn(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, scale, window, tree=tree)

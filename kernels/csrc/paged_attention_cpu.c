@@ -7,6 +7,10 @@
  * int32 [seqs, max_blocks]; token t belongs to sequence tok_seq[t] and sits at position tok_pos[t]; it sees
  * keys at positions <= its own and, with a window w > 0, > pos - w.
  *
+ * Token trees (tree_start non-NULL): from position tree_start[t] on, token t reads its keys from the pool rows
+ * tree_slots[tree_off[t] + (p - tree_start[t])] (its ancestors, then itself) instead of the block table: a tree's
+ * node attends as the last token of a chain would, over the same keys in the same order (the same bits).
+ *
  * A query's visible keys are cut at fixed absolute positions into chunks of `chunk` keys. Phase 1: one work
  * item per (sequence, kv head, chunk) computes, for each of that sequence's queries (and each query head of
  * the kv head) that sees the chunk, the chunk's partial softmax: m = max score, l = sum exp(s - m),
@@ -68,6 +72,7 @@ typedef struct {
     float scale;
     float *partials;  /* [tokens, heads, max_chunks, d + 2]: m, l, o (chunk index relative to the first seen) */
     float *out;
+    const int32_t *tree_start, *tree_off, *tree_slots;  /* token trees, or NULL */
     /* work items */
     int64_t num_items; int64_t *items; int phase; int64_t next; int failed;
 } job_t;
@@ -270,6 +275,12 @@ static void chunk_item(const job_t *J, int s, int g, int c, float *scores, int64
         const int a = (c0 > lo ? c0 : lo) - c0, b = (c0 + C < pos + 1 ? c0 + C : pos + 1) - c0;
         if (a >= b) continue;
         const int c_rel = c - lo / C;
+        if (J->tree_start && c0 + b > J->tree_start[t]) {  /* a tree's node: its own keys from the tree's start */
+            const int ts = J->tree_start[t], from = (c0 + a > ts ? c0 + a : ts) - c0;
+            for (int j = from; j < b; ++j) slots[j] = J->tree_slots[J->tree_off[t] + c0 + j - ts];
+            gather(kbuf, kb, slots, from, b, d, bf16);
+            gather(vbuf, vb, slots, from, b, d, bf16);
+        }
         for (int h = g * group; h < (g + 1) * group; ++h) {
             const float *q = J->q + ((int64_t)t * J->heads + h) * d;
             BY_HEAD_SIZE(score, d, scores, q, kbuf, a, b, d, J->scale);
@@ -364,9 +375,11 @@ int paged_attention(const float *q, const void *k_pool, const void *v_pool, int 
                     const int32_t *tables, int max_blocks, const int32_t *tok_seq, const int32_t *tok_pos,
                     const int32_t *seq_tok0, const int32_t *seq_ntok, int tokens, int seqs, int heads,
                     int kv_heads, int d, int block_size, int window, int chunk, float scale, float *partials,
-                    int max_chunks, float *out, int threads) {
+                    int max_chunks, float *out, int threads, const int32_t *tree_start, const int32_t *tree_off,
+                    const int32_t *tree_slots) {
     job_t J = {q, k_pool, v_pool, bf16, head_stride, tables, max_blocks, tok_seq, tok_pos, seq_tok0, seq_ntok,
-               seqs, heads, kv_heads, d, block_size, window, chunk, max_chunks, scale, partials, out, 0, NULL, 1, 0, 0};
+               seqs, heads, kv_heads, d, block_size, window, chunk, max_chunks, scale, partials, out,
+               tree_start, tree_off, tree_slots, 0, NULL, 1, 0, 0};
     int64_t n = 0;
     for (int s = 0; s < seqs; ++s) {
         if (!seq_ntok[s]) continue;

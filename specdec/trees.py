@@ -1,0 +1,87 @@
+"""Token trees: a proposal's drafts as nodes with parents, verified in one target pass (no torch, no grpc).
+
+A tree of k draft nodes is ``parents`` [k]: node i's parent is ``parents[i]``, an earlier node (``0 <= parents[i]
+< i``) or ``-1``, the root: the last token of the history, whose next token the pass decides first. Nodes come in
+topological order (a parent before its children), so the first n nodes of a tree are a tree. A chain is the tree
+``[-1, 0, 1, ...]``; a proposal without parents is a chain.
+
+The target scores every node in one pass (each node attends to the history and its own ancestors:
+``specdec.engine.attention``), then walks from the root: at each node it takes the token the target alone would
+take there (greedy: the argmax; seeded: the coupled race's winner at that position; unseeded: a draw from p) and
+follows the child holding that token, if any. The path it walked is accepted, the token it took at the last node
+is the next token. Lossless in every mode, whatever the tree: each emitted token is the target's own choice at its
+position given the tokens before it, and the drafts only decide how many of those choices one pass can confirm.
+"""
+
+from __future__ import annotations
+
+from specdec.errors import InvalidRequestError
+
+# vLLM's speculative_token_tree, specdec's dynamic mode: each drafter grows its own tree of up to
+# num_speculative_tokens nodes (suffix decoding: the branches its suffix trees hold, scored by frequency).
+DYNAMIC = "dynamic"
+
+
+def check_parents(parents: list[int], k: int, param: str = "draft_parents") -> None:
+    """Raise InvalidRequestError unless ``parents`` is a tree of ``k`` nodes in topological order."""
+    if len(parents) != k:
+        raise InvalidRequestError(f"{len(parents)} parents for {k} draft tokens: a tree needs one parent per node",
+                                  param=param)
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise InvalidRequestError(f"node {i}'s parent is {p}: a parent is -1 (the root) or an earlier node",
+                                      param=param)
+
+
+def is_chain(parents: list[int] | None) -> bool:
+    return parents is None or all(p == i - 1 for i, p in enumerate(parents))
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Each node's depth: 0 for the root's children (the position after the history)."""
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
+def path_to(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's child down to ``node`` (its ancestors, then itself)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def children(parents: list[int]) -> list[list[int]]:
+    """children[0] are the root's children; children[i + 1] node i's (in node order)."""
+    out: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        out[p + 1].append(i)
+    return out
+
+
+def first_branch(parents: list[int]) -> list[int]:
+    """The nodes of the tree's first branch (the first child of the root, its first child, ...): a chain."""
+    kids = children(parents)
+    out, node = [], -1
+    while kids[node + 1]:
+        node = kids[node + 1][0]
+        out.append(node)
+    return out
+
+
+def walk(parents: list[int], token_ids: list[int], choose) -> tuple[list[int], int]:
+    """The target's walk: ``choose(row)`` is the token the target takes at row ``row`` (0: the root, i + 1: node
+    i); returns (the accepted nodes in path order, the next token)."""
+    kids = children(parents)
+    path: list[int] = []
+    row = 0
+    while True:
+        token = choose(row)
+        nxt = next((c for c in kids[row] if token_ids[c] == token), None)
+        if nxt is None:
+            return path, token
+        path.append(nxt)
+        row = nxt + 1
