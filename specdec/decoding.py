@@ -96,7 +96,8 @@ class Lookahead:
         """Begin drafting the round after ``proposal`` (k + 1 tokens: the bonus position and k drafts), if
         the sequence can outlive this round."""
         self.call = None
-        if draft is None or k <= 0 or not proposal.draft_token_ids or seq.budget <= len(proposal.draft_token_ids) + 1:
+        if (draft is None or k <= 0 or not proposal.draft_token_ids or proposal.is_tree
+                or seq.budget <= len(proposal.draft_token_ids) + 1):  # (a tree: no single path to bet on)
             return
         self.call = _call(draft.propose, seq.sequence_id, self.history(seq, proposal.draft_token_ids), k + 1,
                           seq.params)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec.errors import InvalidRequestError, SpecDecError
+from specdec.trees import first_branch, is_chain
 
 if TYPE_CHECKING:
     import torch
@@ -25,18 +26,34 @@ class Proposal:
     token_bitmask: "torch.Tensor | None" = None
     # an EAGLE draft's: the first position it holds no target feature for (specdec.features); None otherwise
     features_from: int | None = None
+    # a token tree's (specdec.trees): each draft's parent node (-1: the history's last token); None: a chain.
+    # A tree's drafts are deterministic candidates: no q rows, no bitmask.
+    parents: list[int] | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None and not is_chain(self.parents)
 
     def truncated(self, n: int) -> "Proposal":
-        """The first ``n`` draft tokens (and their q rows)."""
+        """The first ``n`` draft tokens (and their q rows; a tree's first n nodes are a tree)."""
         if len(self.draft_token_ids) <= n:
             return self
         return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n],
-                        None if self.token_bitmask is None else self.token_bitmask[:n + 1], self.features_from)
+                        None if self.token_bitmask is None else self.token_bitmask[:n + 1], self.features_from,
+                        None if self.parents is None else self.parents[:n])
 
     def after(self, n: int) -> "Proposal":
-        """The draft tokens after the first ``n`` (and their q rows)."""
+        """The draft tokens after the first ``n`` (and their q rows) of a chain."""
+        assert not self.is_tree, "after() cuts a chain"
         return Proposal(self.draft_token_ids[n:], None if self.draft_probs is None else self.draft_probs[n:],
                         None if self.token_bitmask is None else self.token_bitmask[n:])
+
+    def first_branch(self) -> tuple["Proposal", list[int] | None]:
+        """A tree's first branch as a chain, and the nodes it kept (None: the proposal was a chain already)."""
+        if not self.is_tree:
+            return self, None
+        nodes = first_branch(self.parents)
+        return Proposal([self.draft_token_ids[i] for i in nodes], features_from=self.features_from), nodes
 
 
 @dataclass
@@ -61,8 +78,12 @@ class VerifyResult:
     prompt_logprobs: list[TokenLogprob] | None = None
     # the target's features when the call asked (VerifyCall.feature_layers): specdec.features.FeatureChunk
     features: Any = None
+    # a token tree's: the accepted nodes, root's child first (num_accepted_tokens of them); None: a chain's
+    accepted_path: list[int] | None = None
 
     def emitted(self, draft_token_ids: list[int]) -> list[int]:
+        if self.accepted_path is not None:
+            return [draft_token_ids[i] for i in self.accepted_path] + [self.next_token_id]
         return draft_token_ids[: self.num_accepted_tokens] + [self.next_token_id]
 
 

@@ -120,6 +120,7 @@ class SequenceState:
         text proposed when drafting (k > 0), and the allowed tokens of every verified position."""
         if self.constraint is None:
             return proposal
+        proposal, _ = proposal.first_branch()  # a grammar follows one path: a tree's first branch
         limit = self.budget - 1 if k > 0 else 0
         return self.constraint.constrain(proposal, limit, min(k, limit))
 

@@ -14,6 +14,12 @@ block tables (``kernels.paged_attention``). With batch-invariant passes (``kerne
 ``kernels.cpu_attention`` instead: a C kernel that reduces each query's keys in fixed chunks at fixed
 positions, so a query's output does not depend on the rest of the pass (SDPA's blocking follows the number
 of queries and keys, which changes the last bits).
+
+Token trees (``trees``, ``specdec.trees``): a row's last nodes are a tree's, written one per position after the
+history in node order; each attends to the history and its own ancestors at its depth's position (its rotary
+position is the runner's to give: ``positions``). The kernels read each node's path
+(``kernels.paged_attention.TreePaths``: in the C kernel a node's output is the same bits as the chain of its path);
+SDPA gets the tree's mask.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.paged_attention import TreePaths
 from specdec.engine.kv_cache import KVPool
+from specdec.trees import depths, path_to
 
 _flash_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -47,10 +55,13 @@ class PagedPass:
     ``tables[i]`` is sequence i's block table (already long enough for its new tokens), ``starts[i]`` its
     cached length before the pass and ``counts[i]`` its new tokens, which are the flat batch's rows
     ``[sum(counts[:i]), sum(counts[:i + 1]))``. ``windows`` maps each layer kind to its sliding window (None:
-    full attention); ``group`` is the query heads per kv head (the masks are laid out for it once per pass)."""
+    full attention); ``group`` is the query heads per kv head (the masks are laid out for it once per pass).
+    ``trees[i]``: the parents of row i's last nodes when they are a token tree (None: a chain); ``positions``
+    [tokens] holds each token's position (a node's: the tree's first position plus its depth)."""
 
     def __init__(self, pool: KVPool, tables: list[list[int]], starts: list[int], counts: list[int],
-                 windows: dict[str, int | None], kernel: str | None = None, group: int = 1):
+                 windows: dict[str, int | None], kernel: str | None = None, group: int = 1,
+                 trees: list[list[int] | None] | None = None):
         self.pool = pool
         bs = pool.block_size
         device = pool.key_data.device
@@ -60,14 +71,26 @@ class PagedPass:
         # a kernel over the block tables: Triton on CUDA (or forced, "triton": Triton's interpreter on CPU, for
         # tests); "cpu": the batch-invariant C kernel (kernels.cpu_attention); None: SDPA per slice (below)
         self.kernel = kernel or ("auto" if device.type == "cuda" else None)
-        for table, start, n in zip(tables, starts, counts):
+        trees = trees if trees and any(trees) else None
+        self.tree = TreePaths.of(tables, starts, counts, trees, bs, device) if trees and self.kernel else None
+        positions: list[int] = []
+        for i, (table, start, n) in enumerate(zip(tables, starts, counts)):
             end = start + n
+            parents = trees[i] if trees else None
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            if parents:
+                root = end - len(parents)
+                positions += list(range(start, root)) + [root + d for d in depths(parents)]
+            else:
+                positions += range(start, end)
             if not self.kernel:
                 runs = block_runs(table, end, bs)
-                per_kind = {kind: _visible(runs, start, n, window, device, group) for kind, window in windows.items()}
+                per_kind = {kind: _visible(runs, start, n, window, device, group) if not parents else
+                            _visible_tree(runs, start, n, parents, window, device, group)
+                            for kind, window in windows.items()}
                 self.segments.append((q0, n, per_kind))
             q0 += n
+        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # [tokens]
         self.num_tokens = q0
         self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # [tokens]
         if self.kernel:
@@ -84,7 +107,7 @@ class PagedPass:
                 from kernels.cpu_attention import CpuAttentionPlan
 
                 self.cpu_plan = CpuAttentionPlan(self.block_tables, self.context_lens, self.query_start_loc,
-                                                 set(windows.values()))
+                                                 set(windows.values()), self.tree)
 
     def attend(self, layer: int, kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float) -> torch.Tensor:
@@ -102,7 +125,7 @@ class PagedPass:
 
             out = paged_attention(q[0].transpose(0, 1), keys, values, self.block_tables, self.context_lens,
                                   self.query_start_loc, self.pool.block_size, scale, window=self.windows[kind],
-                                  backend=self.kernel)  # [tokens, heads, d]
+                                  backend=self.kernel, tree=self.tree)  # [tokens, heads, d]
             return out.reshape(1, tokens, heads * d)
         kv_heads = keys.shape[0]
         group = heads // kv_heads
@@ -143,6 +166,37 @@ def _visible(runs: list[tuple[int, int, int]], start: int, n: int, window: int |
             additive = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
             seen = mask.any(-1)
         out.append((slot + a - pos, slot + b - pos, mask, additive, seen))
+    return out
+
+
+def _visible_tree(runs: list[tuple[int, int, int]], start: int, n: int, parents: list[int], window: int | None,
+                  device: torch.device, group: int) -> list[tuple]:
+    """``_visible`` for a row whose last ``len(parents)`` tokens are a tree's nodes: the chain tokens before them
+    see the keys up to their own position; node i sees the history and its path, as a chain of its path would
+    (the window counts positions by depth)."""
+    end = start + n
+    root = end - len(parents)
+    allowed = [[False] * end for _ in range(n)]
+    for j in range(root - start):
+        pos = start + j
+        for k in range(max(0, pos + 1 - window) if window else 0, pos + 1):
+            allowed[j][k] = True
+    depth = depths(parents)
+    for i in range(len(parents)):
+        row, pos = allowed[root - start + i], root + depth[i]
+        for k in range(max(0, pos + 1 - window) if window else 0, root):
+            row[k] = True
+        for a in path_to(parents, i):
+            row[root + a] = not window or root + depth[a] > pos - window
+    full = torch.tensor(allowed, dtype=torch.bool, device=device)  # [n, end]
+    out = []
+    for slot, pos, m in runs:
+        mask = full[:, pos: pos + m]
+        if not bool(mask.any()):
+            continue
+        mask = mask.repeat(group, 1)  # the folded rows, head-major
+        additive = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
+        out.append((slot, slot + m, mask, additive, mask.any(-1)))
     return out
 
 

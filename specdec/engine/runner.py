@@ -156,7 +156,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_batch(self, seqs: list[CachedSequence], new_token_ids: list[list[int]], num_logits: list[int],
                       chunkable: list[bool] | None = None, lazy: list[bool] | None = None,
-                      capture: list[tuple[int, ...]] | None = None,
+                      capture: list[tuple[int, ...]] | None = None, trees: list[list[int] | None] | None = None,
                       ) -> list[torch.Tensor | RowLogits | SequencePreemptedError | Unfinished]:
         """Several sequences in ONE ragged pass; the same results as ``forward`` row by row. A row the pool
         had no room for is a SequencePreemptedError (its sequence is forgotten; resend its history).
@@ -166,7 +166,10 @@ class ModelRunner:
         ``lazy`` rows (a prompt scored at every position) come back as ``RowLogits`` on the lean forward:
         their logits are projected a slice at a time when read (``specdec.engine.scoring``).
         ``capture``: per row, the decoder layers whose inputs at the fed positions are appended to the sequence's
-        ``captured`` (start position, [tokens, layers x hidden]): an EAGLE-3 head's features (``specdec.features``)."""
+        ``captured`` (start position, [tokens, layers x hidden]): an EAGLE-3 head's features (``specdec.features``).
+        ``trees``: per row, the parents of its last tokens when they are a token tree's nodes (``specdec.trees``;
+        the lean forward only, ``supports_trees``): written in node order, each attending to its path; then
+        ``keep_path`` moves the accepted path into place."""
         for seq, new in zip(seqs, new_token_ids):
             self.check_append(seq, new)
         unfinished: set[int] = set()
@@ -198,8 +201,11 @@ class ModelRunner:
         if self.paged:
             out = self._forward_paged([seqs[i] for i in rows], [new_token_ids[i] for i in rows],
                                       [num_logits[i] for i in rows], [bool(lazy and lazy[i]) for i in rows],
-                                      [capture[i] if capture else () for i in rows], layers)
+                                      [capture[i] if capture else () for i in rows], layers,
+                                      [trees[i] for i in rows] if trees else None)
         else:
+            if trees and any(trees):
+                raise ValueError("token trees need the lean forward (ModelRunner.supports_trees)")
             out = [self._align_vocab(self._forward_copied(seqs[i], new_token_ids[i], num_logits[i],
                                                           capture[i] if capture else ()).float())
                    for i in rows]
@@ -211,14 +217,14 @@ class ModelRunner:
 
     def _forward_paged(self, seqs: list[CachedSequence], news: list[list[int]], num_logits: list[int],
                        lazy: list[bool], capture: list[tuple[int, ...]], layers: tuple[int, ...],
-                       ) -> list[torch.Tensor | RowLogits]:
+                       trees: list[list[int] | None] | None = None) -> list[torch.Tensor | RowLogits]:
         device = self.lm.device
         starts, counts = [s.length for s in seqs], [len(n) for n in news]
         paged = PagedPass(self.kv, [s.blocks for s in seqs], starts, counts, self._windows,
                           kernel="cpu" if self.batch_invariant and device.type == "cpu" else None,
-                          group=self.net.heads // self.net.kv_heads)
+                          group=self.net.heads // self.net.kv_heads, trees=trees)
         ids = torch.tensor([t for new in news for t in new], dtype=torch.long, device=device)  # [tokens]
-        positions = torch.tensor([p for s, n in zip(starts, counts) for p in range(s, s + n)], device=device)
+        positions = paged.positions  # a tree's node sits at its depth's position
         hidden = self.net.hidden_paged(ids, positions, paged, layers) if layers else \
             self.net.hidden_paged(ids, positions, paged)  # [tokens, hidden]
         if layers:  # each asking row's features, its layers' columns in the order it asked
@@ -241,6 +247,30 @@ class ModelRunner:
                      if sizes else [])
         return [RowLogits(hidden[a:b], self._project, self.logits_vocab_size) if z else next(eager)
                 for (a, b), z in zip(ranges, lazy)]
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether passes may hold token trees (the lean forward's paged attention; transformers' forward: no)."""
+        return self.paged
+
+    def keep_path(self, seqs: list[CachedSequence], roots: list[int], paths: list[list[int]]) -> None:
+        """After a tree pass: each sequence's accepted nodes ``paths[i]`` (written at ``roots[i] + node``) move to
+        the positions of a chain, ``roots[i] + depth``, in every layer (the caller then truncates the rest)."""
+        bs, src, dst = self.block_size, [], []
+        for seq, root, path in zip(seqs, roots, paths):
+            for depth, node in enumerate(path):
+                if node != depth:
+                    a, b = root + node, root + depth
+                    src.append(seq.blocks[a // bs] * bs + a % bs)
+                    dst.append(seq.blocks[b // bs] * bs + b % bs)
+                    seq.tokens[b] = seq.tokens[a]
+        if not src:
+            return
+        src_t = torch.tensor(src, dtype=torch.long, device=self.lm.device)
+        dst_t = torch.tensor(dst, dtype=torch.long, device=self.lm.device)
+        with torch.inference_mode():  # every layer at once; the sources are read whole before any write
+            for data in (self.kv.key_data, self.kv.value_data):  # [layers, kv_heads, slots, d]
+                data.index_copy_(2, dst_t, data.index_select(2, src_t))
 
     def _project(self, hidden: torch.Tensor) -> torch.Tensor:
         """Last hidden states [rows, hidden] -> logits [rows, logits_vocab_size] fp32 (the lean forward's head)."""

@@ -24,6 +24,7 @@ from specdec.engine.scoring import RowLogits, materialize
 from specdec.token_mask import apply_token_bitmask
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
+from specdec.trees import check_parents, depths, path_to, walk
 
 
 def _per_call(calls, prepare):
@@ -182,6 +183,10 @@ class TargetWorker:
 
             def prepare(call: VerifyCall):
                 check_proposal(call.proposal, runner.logits_vocab_size)
+                kept = None  # a tree verified as its first branch: the nodes kept
+                if call.proposal.is_tree and not self._tree_pass(call):
+                    proposal, kept = call.proposal.first_branch()
+                    call = replace(call, proposal=proposal)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed, call.params.priority)
                 seq.begin_round(len(call.token_ids))
                 scored = call.params.prompt_logprobs is not None
@@ -196,7 +201,7 @@ class TargetWorker:
                 new = runner.sync(seq, call.token_ids, reuse=not scored and not call.feature_layers) + \
                     call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
-                return call, seq, new
+                return call, seq, new, call.proposal.parents if call.proposal.is_tree else None, kept
 
             results, rows = _per_call(calls, prepare)
             if rows:
@@ -205,7 +210,7 @@ class TargetWorker:
                     [len(r[3]) if r[1].params.prompt_logprobs is not None else len(r[1].proposal.draft_token_ids) + 1
                      for r in rows], chunkable=[r[1].params.prompt_logprobs is None for r in rows],
                     lazy=[r[1].params.prompt_logprobs is not None for r in rows],  # read a slice at a time
-                    capture=[r[1].feature_layers for r in rows])
+                    capture=[r[1].feature_layers for r in rows], trees=[r[4] for r in rows])
                 for r, lg in zip(rows, all_logits):
                     if not isinstance(lg, (torch.Tensor, RowLogits)):  # preempted (no room in the pool), or a prefill chunk
                         results[r[0]] = lg
@@ -216,24 +221,74 @@ class TargetWorker:
                 try:  # the last k + 1 rows of each: the target after each draft prefix
                     accepted = self._accept([r[1] for r in rows], [r[2] for r in rows],
                                             [materialize(lg[-(len(r[1].proposal.draft_token_ids) + 1):])
-                                             for r, lg in zip(rows, all_logits)])
+                                             for r, lg in zip(rows, all_logits)], [r[4] for r in rows])
                 except SpecDecError as exc:  # the batch's rows share the error (none is expected here)
                     for i, *_ in rows:
                         results[i] = exc
                     return results
-                for (i, call, seq, _), logits, (n, next_token) in zip(rows, all_logits, accepted):
+                trees = [(r[2], len(r[1].token_ids), path) for r, (_, _, path) in zip(rows, accepted) if path]
+                if trees:  # each tree's accepted path moves to a chain's positions
+                    runner.keep_path(*map(list, zip(*trees)))
+                for (i, call, seq, _, _, kept), logits, (n, next_token, path) in zip(rows, all_logits, accepted):
                     # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
                     runner.cache.truncate(seq, len(call.token_ids) + n)
                     try:
                         results[i] = with_logprobs(VerifyResult(n, next_token, features=taken_features(
-                            seq, call.feature_start, len(call.token_ids) + n) if call.feature_layers else None),
-                            call, logits)
+                            seq, call.feature_start, len(call.token_ids) + n) if call.feature_layers else None,
+                            accepted_path=path if path is not None else kept[:n] if kept is not None else None),
+                            call, logits, path)
                     except SpecDecError as exc:  # one row's error stays with that row
                         results[i] = exc
         return results
 
-    def _accept(self, calls: list[VerifyCall], seqs: list[CachedSequence], logits: list[torch.Tensor]) -> list[tuple[int, int]]:
-        """logits: per call [k + 1, vocab] — the target after each draft prefix. → (accepted, next token) per call."""
+    def _tree_pass(self, call: VerifyCall) -> bool:
+        """Whether the call's tree is verified as a tree (else as its first branch): the lean forward, and none
+        of what follows one path only (features, prompt scoring, a grammar's rows)."""
+        return (self.runner.supports_trees and not call.feature_layers and call.params.prompt_logprobs is None
+                and call.proposal.token_bitmask is None)
+
+    def _accept(self, calls: list[VerifyCall], seqs: list[CachedSequence], logits: list[torch.Tensor],
+                trees: list[list[int] | None]) -> list[tuple[int, int, list[int] | None]]:
+        """logits: per call [k + 1, vocab] — the target after each draft prefix (a tree's: the root, then each
+        node). → (accepted, next token, a tree's accepted path or None) per call."""
+        chains = [j for j, t in enumerate(trees) if t is None]
+        out: list = [None] * len(calls)
+        for j, tree in enumerate(trees):
+            if tree is not None:
+                path, token = self._accept_tree(calls[j], seqs[j], logits[j], tree)
+                out[j] = (len(path), token, path)
+        if chains:
+            for j, (n, token) in zip(chains, self._accept_chains([calls[j] for j in chains], [seqs[j] for j in chains],
+                                                                 [logits[j] for j in chains])):
+                out[j] = (n, token, None)
+        return out
+
+    def _accept_tree(self, call: VerifyCall, seq: CachedSequence, logits: torch.Tensor,
+                     parents: list[int]) -> tuple[list[int], int]:
+        """The target's walk down a tree (``specdec.trees``): at each row the token the target alone takes at that
+        position (greedy: the argmax; coupled seeded: the race's winner with the position's noise; else a draw
+        from p), following the child that holds it."""
+        params, drafts, first = call.params, call.proposal.draft_token_ids, len(call.token_ids)
+        depth = depths(parents)
+        coupled = not params.greedy and self.seeded_sampling == "coupled" and params.couples
+        eos = self.runner.lm.eos_token_ids
+
+        def choose(row: int) -> int:
+            before = [] if row == 0 else [drafts[i] for i in path_to(parents, row - 1)]
+            ctx = penalty_context(params, call.token_ids, eos, after=before) if params.has_penalties else None
+            if params.greedy:
+                return int(apply_penalties(logits[row], params, ctx).argmax())
+            p = process_logits(logits[row], params, ctx)
+            if coupled:  # row r chooses the token at position first + len(before)
+                noise = race_noise(params.seed, [first + len(before)], p.shape[-1], p.device)
+                return int(race_scores(p[None], noise)[0].argmax())
+            return int(sample(p, seq.generator))
+
+        return walk(parents, drafts, choose)
+
+    def _accept_chains(self, calls: list[VerifyCall], seqs: list[CachedSequence],
+                       logits: list[torch.Tensor]) -> list[tuple[int, int]]:
+        """Chains: logits per call [k + 1, vocab]. → (accepted, next token) per call, in one batched step."""
         greedy, targets = [], []
         for lg, c in zip(logits, calls):
             lg = apply_token_bitmask(lg, c.proposal.token_bitmask)  # a grammar's allowed tokens, before the rest
@@ -262,16 +317,20 @@ class TargetWorker:
             self.runner.release(sequence_id)
 
 
-def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor | RowLogits) -> VerifyResult:
+def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor | RowLogits,
+                  path: list[int] | None = None) -> VerifyResult:
     """Add the logprobs the call asked for, read from the verify pass's rows: ``logits`` [m, vocab] ends
     with the k + 1 rows after each draft prefix; with prompt logprobs it holds every position (row j
     predicts token j + 1). Emitted token i (accepted drafts, then bonus/recovered) is scored by row i
-    of the last k + 1: the target's distribution at that position, as target-only decoding has it."""
+    of the last k + 1: the target's distribution at that position, as target-only decoding has it (a tree's
+    ``path``: the root's row, then its accepted nodes' rows)."""
     params = call.params
     if params.logprobs is not None:
         emitted = result.emitted(call.proposal.draft_token_ids)
-        result.logprobs = token_logprobs(materialize(logits[-(len(call.proposal.draft_token_ids) + 1):]), emitted,
-                                         params.logprobs)
+        rows = materialize(logits[-(len(call.proposal.draft_token_ids) + 1):])
+        if path is not None:
+            rows = rows[[0] + [1 + node for node in path]]
+        result.logprobs = token_logprobs(rows, emitted, params.logprobs)
     if params.prompt_logprobs is not None:
         result.prompt_logprobs = token_logprobs(logits[: len(call.token_ids) - 1], call.token_ids[1:],
                                                 params.prompt_logprobs)
@@ -316,6 +375,11 @@ def check_draft_sample_method(method: str) -> None:
 
 def check_proposal(proposal: Proposal, vocab_size: int) -> None:
     k = len(proposal.draft_token_ids)
+    if proposal.parents is not None:
+        check_parents(proposal.parents, k)
+        if proposal.is_tree and proposal.draft_probs is not None:
+            raise InvalidRequestError("a token tree's drafts are deterministic candidates: send no draft_probs with "
+                                      "draft_parents (or send a chain)", param="draft_probs")
     if k > MAX_NUM_SPECULATIVE_TOKENS:
         raise InvalidRequestError(
             f"{k} draft tokens; at most {MAX_NUM_SPECULATIVE_TOKENS} (num_speculative_tokens) per call",
