@@ -34,5 +34,6 @@ class DraftServiceConfig(BackendServiceConfig):
     suffix_decoding_max_cached_requests: int = field(default=spec_default("suffix_decoding_max_cached_requests"), metadata={"help": "suffix decoding: finished sequences whose outputs the global tree keeps, oldest evicted first (0: no global tree)"})
     suffix_decoding_max_spec_factor: float = field(default=spec_default("suffix_decoding_max_spec_factor"), metadata={"help": "suffix decoding: a draft is at most this x the matched length"})
     suffix_decoding_min_token_prob: float = field(default=spec_default("suffix_decoding_min_token_prob"), metadata={"help": "suffix decoding: a draft stops where its empirical probability falls below this"})
+    speculative_token_tree: str | None = field(default=spec_default("speculative_token_tree"), metadata={"help": "token trees (with --method suffix): 'dynamic' proposes every branch the suffix trees hold, up to the round's k nodes, verified in one pass (default: chains)"})
     draft_model_num_speculative_tokens: int | None = field(default=None, metadata={"help": "hybrid drafting (a lookup method with a model): the model's drafts per round (default: the gateway's k)"})
     draft_top_n: int = field(default=256, metadata={"help": "probabilistic drafting samples from the renormalised top-N (0: full vocabulary); q is sent sparsely"})

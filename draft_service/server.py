@@ -47,6 +47,7 @@ class DraftServicer(BackendServicerMixin, draft_service_pb2_grpc.DraftServiceSer
             draft_probs=probs_to_proto(proposal.draft_probs),
             sequence_length=len(tokens),
             features_from=proposal.features_from,  # None: unset (not an EAGLE draft)
+            draft_parents=proposal.parents if proposal.is_tree else (),
         )
 
 

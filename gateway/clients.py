@@ -319,17 +319,20 @@ class RemoteDraft(_RemoteBackend):
             relay.acknowledge(sequence_id, resp.features_from)
         if self.on_call_time is not None:
             self.on_call_time(self.phase, num_speculative_tokens, time.monotonic() - began)
-        return RemoteProposal(list(resp.draft_token_ids), list(resp.draft_probs), self.vocab_size)
+        return RemoteProposal(list(resp.draft_token_ids), list(resp.draft_probs), self.vocab_size,
+                              list(resp.draft_parents) or None)
 
 
 class RemoteProposal(Proposal):
     """A proposal as the draft service sent it. The gateway only forwards q, so it stays in its wire
     form (sparse rows) on its way to the target; ``draft_probs`` decodes it only if someone asks."""
 
-    def __init__(self, draft_token_ids: list[int], wire_probs: list, vocab_size: int):
+    def __init__(self, draft_token_ids: list[int], wire_probs: list, vocab_size: int,
+                 parents: list[int] | None = None):
         self.draft_token_ids = draft_token_ids
         self.wire_probs = wire_probs
         self._vocab_size = vocab_size
+        self.parents = parents  # a token tree's (specdec.trees), forwarded as it came
 
     @property
     def draft_probs(self):  # type: ignore[override]
@@ -338,7 +341,8 @@ class RemoteProposal(Proposal):
     def truncated(self, n: int) -> Proposal:
         if len(self.draft_token_ids) <= n:
             return self
-        return RemoteProposal(self.draft_token_ids[:n], self.wire_probs[:n], self._vocab_size)
+        return RemoteProposal(self.draft_token_ids[:n], self.wire_probs[:n], self._vocab_size,
+                              None if self.parents is None else self.parents[:n])
 
 
 class RemoteTarget(_RemoteBackend):
@@ -364,6 +368,7 @@ class RemoteTarget(_RemoteBackend):
                 draft_token_ids=proposal.draft_token_ids, draft_probs=probs, sampling_params=sampling,
                 logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs,  # None: unset, not computed
                 token_bitmask=mask, feature_layers=relay.layers if relay else (), feature_start=feature_start,
+                draft_parents=proposal.parents if proposal.is_tree else (),
             )
 
         began = time.monotonic()
@@ -376,4 +381,5 @@ class RemoteTarget(_RemoteBackend):
         next_token = resp.bonus_token_id if resp.WhichOneof("next_token") == "bonus_token_id" else resp.recovered_token_id
         return VerifyResult(resp.num_accepted_tokens, next_token,
                             logprobs_from_proto(resp.logprobs) if params.logprobs is not None else None,
-                            logprobs_from_proto(resp.prompt_logprobs) if params.prompt_logprobs is not None else None)
+                            logprobs_from_proto(resp.prompt_logprobs) if params.prompt_logprobs is not None else None,
+                            accepted_path=list(resp.accepted_path) if proposal.is_tree else None)

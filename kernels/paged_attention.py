@@ -391,4 +391,5 @@ def paged_attention(
     from kernels.dispatch import resolve
 
     fn = paged_attention_triton if resolve(backend, q.device) == "triton" else paged_attention_reference
-    return fn(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, scale, window, tree=tree)
+    args = (q, k_pool, v_pool, block_tables, context_lens, query_start_loc, block_size, scale, window)
+    return fn(*args) if tree is None else fn(*args, tree=tree)

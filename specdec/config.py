@@ -12,6 +12,7 @@ from typing import Any
 
 from specdec.proposal import check_num_speculative_tokens
 from specdec.errors import ConfigError
+from specdec.trees import DYNAMIC
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class SuffixSettings:
     max_cached_requests: int = DEFAULT_MAX_CACHED_REQUESTS
     max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
     min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
+    token_tree: bool = False  # speculative_token_tree "dynamic": propose every branch held, as a token tree
 
     def __post_init__(self):
         def whole(name, value, low, high):
@@ -66,7 +68,12 @@ MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no mod
 # A draft service's --model that names no model (with a model-free method; serve passes the method's name)
 NO_MODEL_NAMES = ("none", *MODEL_FREE_METHODS)
 SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "speculative_token_tree")
+# speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets the drafter grow
+# a token tree of up to num_speculative_tokens nodes, verified in one pass. Built for suffix decoding (its trees'
+# branches); vLLM's static shapes and draft-model / EAGLE trees are not built yet.
+TOKEN_TREES = (DYNAMIC,)
+TREE_METHODS = ("suffix",)
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts become target ids
 
@@ -169,6 +176,9 @@ class SpeculativeConfig:
     # Hybrid drafting (a lookup method with "model"): the draft model's drafts per round, where a lookup (long
     # when its match is long) has none; None: num_speculative_tokens. A model draft pays per token drafted.
     draft_model_num_speculative_tokens: int | None = None
+    # Token trees (vLLM's key; specdec.trees): None drafts chains; "dynamic" proposes the drafter's tree of up to
+    # num_speculative_tokens nodes (method suffix: every branch its suffix trees hold above min_token_prob)
+    speculative_token_tree: str | None = None
 
     @property
     def model_free(self) -> bool:
@@ -177,7 +187,8 @@ class SpeculativeConfig:
 
     def suffix_settings(self) -> SuffixSettings:
         return SuffixSettings(self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_cached_requests,
-                              self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob)
+                              self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob,
+                              self.speculative_token_tree == DYNAMIC)
 
     @property
     def uses_lookup(self) -> bool:
@@ -266,6 +277,14 @@ class SpeculativeConfig:
             if self.overlap:
                 raise ConfigError(f"method {self.method!r} drafts from the features of the round just verified: it "
                                   "cannot draft during that verification (set overlap false)")
+        if self.speculative_token_tree is not None:
+            if self.speculative_token_tree not in TOKEN_TREES:
+                raise ConfigError(f"speculative_token_tree must be one of {list(TOKEN_TREES)} (or unset: chains), got "
+                                  f"{self.speculative_token_tree!r}; vLLM's static tree shapes are not built yet")
+            if self.method not in TREE_METHODS:
+                raise ConfigError(f"speculative_token_tree {self.speculative_token_tree!r} grows trees from "
+                                  f"{' / '.join(TREE_METHODS)} drafting; method {self.method!r} drafts chains "
+                                  "(draft-model and EAGLE trees are not built yet)")
         if self.method == "suffix":
             if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
                 raise ConfigError("method \"suffix\" drafts from suffix trees; prompt_lookup_max / prompt_lookup_min "

@@ -116,6 +116,9 @@ class NgramIndex:
                 return tokens[pos:pos + k]
         return []
 
+    def proposal(self, k: int) -> Proposal:
+        return Proposal(self.propose(k))
+
 
 class NgramIndexes:
     """The factory of n-gram indexes for n in [min_n, max_n] (checked once, here)."""
@@ -197,7 +200,7 @@ class NgramWorker:
         seq = self.runner.get_or_create(call.sequence_id)
         seq.index.sync(call.token_ids)
         seq.tokens = seq.index.tokens
-        return Proposal(seq.index.propose(call.num_speculative_tokens))
+        return seq.index.proposal(call.num_speculative_tokens)
 
     def propose_batch(self, calls: list) -> list[Proposal | SpecDecError]:
         results: list[Proposal | SpecDecError] = []
@@ -251,7 +254,7 @@ class HybridDraftWorker:
         index.sync(call.token_ids)
         if self.tli is None:  # (a TLI draft keeps its target ids itself)
             seq.state.held_target_ids = index.tokens
-        return Proposal(index.propose(call.num_speculative_tokens))
+        return index.proposal(call.num_speculative_tokens)
 
     def propose_batch(self, calls: list) -> list[Proposal | SpecDecError]:
         results: list = []

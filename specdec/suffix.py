@@ -30,6 +30,8 @@ from collections import OrderedDict
 from specdec.config import SuffixSettings  # noqa: F401 - its checked settings (re-exported)
 from specdec.errors import ConfigError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
+from specdec.proposal import Proposal
+from specdec.trees import is_chain
 
 # vLLM's defaults for the suffix_decoding_* keys of speculative_config.
 INSTALL_HINT = ("method \"suffix\" needs ArcticInference's suffix tree: pip install nanobind==2.9.2 cmake ninja && "
@@ -147,19 +149,28 @@ class SuffixIndex:
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens from the better of the two trees' drafts (none when nothing matched)."""
+        return self._speculate(k, False)[0]
+
+    def proposal(self, k: int) -> Proposal:
+        """This round's proposal: a chain, or with ``token_tree`` a token tree of up to k nodes (every continuation
+        the better suffix tree holds above ``min_token_prob``, scored by frequency: ``specdec.trees``)."""
+        tokens, parents = self._speculate(k, self.cache.settings.token_tree)
+        return Proposal(tokens, parents=parents if parents and not is_chain(parents) else None)
+
+    def _speculate(self, k: int, tree: bool) -> tuple[list[int], list[int]]:
         self.last_match_len, self.last_score = 0, 0.0
         if k <= 0 or not self.tokens:
-            return []
+            return [], []
         s = self.cache.settings
         context = self.tokens[-s.max_tree_depth:]
         with self.cache.lock:
-            best = self.local.speculate(context, k, s.max_spec_factor, 0.0, s.min_token_prob, False)
+            best = self.local.speculate(context, k, s.max_spec_factor, 0.0, s.min_token_prob, tree)
             if self.cache.settings.max_cached_requests:
-                other = self.cache.global_tree.speculate(context, k, s.max_spec_factor, 0.0, s.min_token_prob, False)
+                other = self.cache.global_tree.speculate(context, k, s.max_spec_factor, 0.0, s.min_token_prob, tree)
                 if other.score > best.score:
                     best = other
         self.last_match_len, self.last_score = best.match_len, best.score
-        return list(best.token_ids[:k])
+        return list(best.token_ids[:k]), list(best.parents[:k])
 
     def close(self) -> None:
         with self.cache.lock:

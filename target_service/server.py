@@ -36,7 +36,8 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
         params = sampling_from_proto(request.sampling_params, logprobs=optional_field(request, "logprobs"),
                                      prompt_logprobs=optional_field(request, "prompt_logprobs"))
         mask = token_mask.from_bytes(request.token_bitmask, len(draft) + 1, self.backend.lm.vocab_size)
-        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs, mask), params,
+        parents = list(request.draft_parents) or None  # a token tree's (specdec.trees); empty: a chain
+        call = VerifyCall(request.sequence_id, tokens, Proposal(draft, probs, mask, parents=parents), params,
                           feature_layers=tuple(request.feature_layers), feature_start=request.feature_start)
         if call.feature_layers:
             self.backend.check_feature_layers(call.feature_layers)
@@ -50,7 +51,13 @@ class TargetServicer(BackendServicerMixin, target_service_pb2_grpc.TargetService
         )
         if result.features is not None:
             response.features.CopyFrom(features_to_proto(result.features, feature_dtype))
-        if result.num_accepted_tokens == len(draft):
+        path = result.accepted_path
+        if path is not None and call.proposal.is_tree:
+            response.accepted_path.extend(path)
+            bonus = bool(path) and path[-1] not in parents  # the walk ended at a leaf
+        else:
+            bonus = result.num_accepted_tokens == len(draft)
+        if bonus:
             response.bonus_token_id = result.next_token_id
         else:
             response.recovered_token_id = result.next_token_id

@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1especdec/v1/draft_service.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x91\x02\n\x0eProposeRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x1e\n\x16num_speculative_tokens\x18\x04 \x01(\r\x12\x33\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12:\n\x13\x64raft_sample_method\x18\x06 \x01(\x0e\x32\x1d.specdec.v1.DraftSampleMethod\x12*\n\x08\x66\x65\x61tures\x18\x07 \x03(\x0b\x32\x18.specdec.v1.HiddenStates\"\xa5\x01\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\r\x12\x32\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution\x12\x17\n\x0fsequence_length\x18\x03 \x01(\r\x12\x1a\n\rfeatures_from\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_features_from*\x7f\n\x11\x44raftSampleMethod\x12#\n\x1f\x44RAFT_SAMPLE_METHOD_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44RAFT_SAMPLE_METHOD_GREEDY\x10\x01\x12%\n!DRAFT_SAMPLE_METHOD_PROBABILISTIC\x10\x02\x32\xf2\x01\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12Z\n\x0fReleaseSequence\x12\".specdec.v1.ReleaseSequenceRequest\x1a#.specdec.v1.ReleaseSequenceResponse\x12\x42\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x1b.specdec.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1especdec/v1/draft_service.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x91\x02\n\x0eProposeRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x1e\n\x16num_speculative_tokens\x18\x04 \x01(\r\x12\x33\n\x0fsampling_params\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12:\n\x13\x64raft_sample_method\x18\x06 \x01(\x0e\x32\x1d.specdec.v1.DraftSampleMethod\x12*\n\x08\x66\x65\x61tures\x18\x07 \x03(\x0b\x32\x18.specdec.v1.HiddenStates\"\xbc\x01\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\r\x12\x32\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution\x12\x17\n\x0fsequence_length\x18\x03 \x01(\r\x12\x1a\n\rfeatures_from\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rdraft_parents\x18\x05 \x03(\x05\x42\x10\n\x0e_features_from*\x7f\n\x11\x44raftSampleMethod\x12#\n\x1f\x44RAFT_SAMPLE_METHOD_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44RAFT_SAMPLE_METHOD_GREEDY\x10\x01\x12%\n!DRAFT_SAMPLE_METHOD_PROBABILISTIC\x10\x02\x32\xf2\x01\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12Z\n\x0fReleaseSequence\x12\".specdec.v1.ReleaseSequenceRequest\x1a#.specdec.v1.ReleaseSequenceResponse\x12\x42\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x1b.specdec.v1.GetInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.draft_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTSAMPLEMETHOD']._serialized_start=515
-  _globals['_DRAFTSAMPLEMETHOD']._serialized_end=642
+  _globals['_DRAFTSAMPLEMETHOD']._serialized_start=538
+  _globals['_DRAFTSAMPLEMETHOD']._serialized_end=665
   _globals['_PROPOSEREQUEST']._serialized_start=72
   _globals['_PROPOSEREQUEST']._serialized_end=345
   _globals['_PROPOSERESPONSE']._serialized_start=348
-  _globals['_PROPOSERESPONSE']._serialized_end=513
-  _globals['_DRAFTSERVICE']._serialized_start=645
-  _globals['_DRAFTSERVICE']._serialized_end=887
+  _globals['_PROPOSERESPONSE']._serialized_end=536
+  _globals['_DRAFTSERVICE']._serialized_start=668
+  _globals['_DRAFTSERVICE']._serialized_end=910
 # @@protoc_insertion_point(module_scope)

@@ -36,13 +36,15 @@ class ProposeRequest(_message.Message):
     def __init__(self, sequence_id: _Optional[str] = ..., start_position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., num_speculative_tokens: _Optional[int] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., draft_sample_method: _Optional[_Union[DraftSampleMethod, str]] = ..., features: _Optional[_Iterable[_Union[_common_pb2.HiddenStates, _Mapping]]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "draft_probs", "sequence_length", "features_from")
+    __slots__ = ("draft_token_ids", "draft_probs", "sequence_length", "features_from", "draft_parents")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FROM_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
     sequence_length: int
     features_from: int
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., sequence_length: _Optional[int] = ..., features_from: _Optional[int] = ...) -> None: ...
+    draft_parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., sequence_length: _Optional[int] = ..., features_from: _Optional[int] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fspecdec/v1/target_service.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xa2\x03\n\rVerifyRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\r\x12\x32\n\x0b\x64raft_probs\x18\x05 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution\x12\x33\n\x0fsampling_params\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x15\n\rtoken_bitmask\x18\t \x01(\x0c\x12\x16\n\x0e\x66\x65\x61ture_layers\x18\n \x03(\r\x12\x15\n\rfeature_start\x18\x0b \x01(\r\x12/\n\rfeature_dtype\x18\x0c \x01(\x0e\x32\x18.specdec.v1.FeatureDTypeB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x97\x02\n\x0eVerifyResponse\x12\x1b\n\x13num_accepted_tokens\x18\x01 \x01(\r\x12\x18\n\x0e\x62onus_token_id\x18\x02 \x01(\rH\x00\x12\x1c\n\x12recovered_token_id\x18\x03 \x01(\rH\x00\x12\x17\n\x0fsequence_length\x18\x04 \x01(\r\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12\x31\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12*\n\x08\x66\x65\x61tures\x18\x07 \x01(\x0b\x32\x18.specdec.v1.HiddenStatesB\x0c\n\nnext_token2\xf0\x01\n\rTargetService\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12Z\n\x0fReleaseSequence\x12\".specdec.v1.ReleaseSequenceRequest\x1a#.specdec.v1.ReleaseSequenceResponse\x12\x42\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x1b.specdec.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fspecdec/v1/target_service.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xb9\x03\n\rVerifyRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\r\x12\x32\n\x0b\x64raft_probs\x18\x05 \x03(\x0b\x32\x1d.specdec.v1.TokenDistribution\x12\x33\n\x0fsampling_params\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x15\n\rtoken_bitmask\x18\t \x01(\x0c\x12\x16\n\x0e\x66\x65\x61ture_layers\x18\n \x03(\r\x12\x15\n\rfeature_start\x18\x0b \x01(\r\x12/\n\rfeature_dtype\x18\x0c \x01(\x0e\x32\x18.specdec.v1.FeatureDType\x12\x15\n\rdraft_parents\x18\r \x03(\x05\x42\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xae\x02\n\x0eVerifyResponse\x12\x1b\n\x13num_accepted_tokens\x18\x01 \x01(\r\x12\x18\n\x0e\x62onus_token_id\x18\x02 \x01(\rH\x00\x12\x1c\n\x12recovered_token_id\x18\x03 \x01(\rH\x00\x12\x17\n\x0fsequence_length\x18\x04 \x01(\r\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12\x31\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12*\n\x08\x66\x65\x61tures\x18\x07 \x01(\x0b\x32\x18.specdec.v1.HiddenStates\x12\x15\n\raccepted_path\x18\x08 \x03(\rB\x0c\n\nnext_token2\xf0\x01\n\rTargetService\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12Z\n\x0fReleaseSequence\x12\".specdec.v1.ReleaseSequenceRequest\x1a#.specdec.v1.ReleaseSequenceResponse\x12\x42\n\x07GetInfo\x12\x1a.specdec.v1.GetInfoRequest\x1a\x1b.specdec.v1.GetInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.target_service_p
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_VERIFYREQUEST']._serialized_start=73
-  _globals['_VERIFYREQUEST']._serialized_end=491
-  _globals['_VERIFYRESPONSE']._serialized_start=494
-  _globals['_VERIFYRESPONSE']._serialized_end=773
-  _globals['_TARGETSERVICE']._serialized_start=776
-  _globals['_TARGETSERVICE']._serialized_end=1016
+  _globals['_VERIFYREQUEST']._serialized_end=514
+  _globals['_VERIFYRESPONSE']._serialized_start=517
+  _globals['_VERIFYRESPONSE']._serialized_end=819
+  _globals['_TARGETSERVICE']._serialized_start=822
+  _globals['_TARGETSERVICE']._serialized_end=1062
 # @@protoc_insertion_point(module_scope)
