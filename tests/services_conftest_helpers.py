@@ -308,6 +308,7 @@ class Hook:
         self.original = getattr(client, method)
         self._own_attr = method in vars(client)  # e.g. a stub's multicallable, not a class method
         self.calls = 0
+        self.seen: list[tuple[tuple, object]] = []  # (args, result) of each call that returned
         self.pause_points: set[int] = set()
         self.paused = threading.Event()
         self._resume = threading.Event()
@@ -334,7 +335,10 @@ class Hook:
             self.paused.set()
             if not self._resume.wait(30):
                 raise RuntimeError("test hook: never resumed")
-        return self.original(*args, **kwargs)
+        result = self.original(*args, **kwargs)
+        with self._lock:
+            self.seen.append((args, result))
+        return result
 
     def remove(self) -> None:
         self._resume.set()

@@ -59,7 +59,7 @@ def _random_tree(rng: random.Random, truth: list[int], size: int, vocab: int = 4
     return parents[:size], tokens[:size]
 
 
-def _with_trees(worker, params, n, seed, size=9, truth=None, sid="tree"):
+def _with_trees(worker, params, n, seed, size=9, truth=None, sid="tree", later_branches=None):
     rng = random.Random(seed)
     tokens = list(PROMPT)
     while len(tokens) < len(PROMPT) + n:
@@ -69,6 +69,8 @@ def _with_trees(worker, params, n, seed, size=9, truth=None, sid="tree"):
         if result.accepted_path is not None:
             for a, b in zip(result.accepted_path, result.accepted_path[1:]):
                 assert parents[b] == a  # a path, from the root down
+            if result.accepted_path and later_branches is not None:
+                later_branches.append(result.accepted_path[0] != parents.index(-1))
         tokens += result.emitted(drafts)
     worker.release(sid)
     return tokens[len(PROMPT):][:n]
@@ -79,8 +81,10 @@ def test_greedy_with_random_trees_is_the_target_alone(target_lm, invariant):
     worker = TargetWorker(_runner(target_lm, batch_invariant=invariant))
     params = SamplingParams(temperature=0.0, max_tokens=64)
     truth = _alone(worker, params, 40)
+    later: list[bool] = []
     for seed in range(3):
-        assert _with_trees(worker, params, 40, seed, truth=truth) == truth
+        assert _with_trees(worker, params, 40, seed, truth=truth, later_branches=later) == truth
+    assert any(later) and not all(later)  # paths down the first root child and down later ones were accepted
 
 
 def test_coupled_seeded_with_random_trees_is_the_target_alone(target_lm):

@@ -1,0 +1,60 @@
+"""Token trees served: a suffix draft service with --speculative-token-tree dynamic behind a gateway. Trees
+travel over gRPC (ProposeResponse.draft_parents -> VerifyRequest.draft_parents -> VerifyResponse.accepted_path);
+greedy output equals the target alone, and a draft restart mid-stream keeps it."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from specdec.v1 import generation_service_pb2_grpc
+from tests.services_conftest_helpers import (collect, draft_config, generate, generate_request, hooked, offline_greedy,
+                                             run_in_thread, wait_released)
+
+N = 24
+# the prompt's own suffix tree branches after "x. a b" (three continuations)
+BRANCHING = "x. a b c d. x. a b e f. x. a b g h. x. a b"
+
+
+@pytest.fixture(scope="module")
+def tree_stack(servers, target_dir):
+    target = servers.target(target_dir)
+    draft = servers.draft("suffix", method="suffix", speculative_token_tree="dynamic")
+    gw = servers.gateway(target, draft, num_speculative_tokens=12)
+    channel = grpc.insecure_channel(f"127.0.0.1:{gw.port}")
+    yield {"target": target, "draft": draft, "gateway": gw,
+           "stub": generation_service_pb2_grpc.GenerationServiceStub(channel)}
+    channel.close()
+
+
+def test_trees_travel_and_the_output_is_the_target_alone(tree_stack, target_llm):
+    st = tree_stack
+    with hooked(st["gateway"].backend.target, "verify") as hook:
+        first = generate(st["stub"], generate_request(BRANCHING, max_tokens=N, k=12))
+        again = generate(st["stub"], generate_request(BRANCHING, max_tokens=N, k=12))
+    reference = offline_greedy(target_llm, BRANCHING, N)
+    assert (first.text, first.token_ids) == reference == (again.text, again.token_ids)
+    trees = [(args[2], result) for args, result in hook.seen if args[2].is_tree]
+    assert trees, "no tree reached the target"
+    for proposal, result in trees:
+        assert result.accepted_path is not None and len(result.accepted_path) == result.num_accepted_tokens
+    assert again.last.stats.num_accepted_tokens > 0
+    wait_released(st["target"], st["draft"])
+
+
+def test_draft_restart_mid_stream_keeps_the_output(servers, tree_stack, target_llm):
+    from draft_service.server import create_server
+
+    st = tree_stack
+    request = generate_request(BRANCHING, max_tokens=N, k=12)
+    with hooked(st["gateway"].backend.target, "verify") as hook:
+        hook.pause_at(2)
+        thread, box = run_in_thread(lambda: collect(st["stub"].Generate(request, timeout=120)))
+        hook.wait_paused()
+        st["draft"] = servers.restart(st["draft"], lambda port: create_server(
+            draft_config("suffix", method="suffix", speculative_token_tree="dynamic", port=port)))
+        hook.resume()
+        thread.join(120)
+    assert not thread.is_alive() and "error" not in box, box.get("error")
+    assert (box["result"].text, box["result"].token_ids) == offline_greedy(target_llm, BRANCHING, N)
+    wait_released(st["target"], st["draft"])
