@@ -79,10 +79,10 @@ PEOPLE = [("Ada Lovelace", "ada@example.com", "engineer"), ("Alan Turing", "alan
           ("Barbara Liskov", "barbara@example.com", "professor")]
 
 
-def project_functions(limit_lines: int = 14) -> list[tuple[str, str, str]]:
-    """(source, function name, a local variable) of short functions in this repository's specdec/ package."""
+def project_functions(limit_lines: int = 14, root: str = "specdec") -> list[tuple[str, str, str]]:
+    """(source, function name, a local variable) of short functions in this repository's ``root`` package."""
     found = []
-    for path in sorted((ROOT / "specdec").glob("*.py")):
+    for path in sorted((ROOT / root).glob("*.py")):
         text = path.read_text()
         for node in ast.walk(ast.parse(text)):
             if not isinstance(node, ast.FunctionDef) or not 4 <= node.end_lineno - node.lineno + 1 <= limit_lines:

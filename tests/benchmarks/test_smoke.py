@@ -656,3 +656,32 @@ def test_smoke_eagle3(tmp_path):
     assert wire["width"] == 3 * 64 and wire["bytes_per_round"] > 0 and wire["with"]["response_bytes"] > \
         wire["without"]["response_bytes"] + 2 * wire["width"]  # the features are in the response
     assert set(data["goals"]) == {"open_ended_2x", "open_ended_2.5_tokens_per_pass", "mixed_not_worse_than_default"}
+
+
+# --------------------------------------------------------------------------------------------------
+# bench_trees.py: token trees against chains (suffix, the shipped default), agent-like traffic and open chat
+
+
+TREES_SETUPS = ["target alone", "suffix k<=8 chains", "suffix k<=8 trees", "shipped default (chains)",
+                "shipped default with trees"]
+TREES = Expected(
+    "bench_trees.py", ["setup", "workload", "tokens/s", "speedup", "decode speedup", "tokens/pass", "mean draft", "acceptance",
+                       "identical"],
+    "setup", TREES_SETUPS * 2,
+    {"target", "draft", "dtype", "max_tokens", "cpu", "setups", "goals", "checks", "concurrency_tokens_per_s",
+     "streams", "measured_seconds", "messages", "measurements"},
+    numeric=["tokens/s", "speedup", "tokens/pass"])
+
+
+@pytest.mark.heavy
+def test_smoke_trees(tmp_path):
+    stdout, data = run_smoke(TREES, tmp_path)
+    check(TREES, stdout, data)
+    assert_reported(stdout, data)
+    assert [r["workload"] for r in data["rows"]] == [w for w in ("agent", "open chat") for _ in TREES_SETUPS]
+    assert all(r["identical"] for r in data["rows"])
+    assert data["setups"]["suffix k<=8 trees"]["speculative_token_tree"] == "dynamic"
+    assert set(data["concurrency_tokens_per_s"]) == {"suffix k<=8 chains", "suffix k<=8 trees"}
+    # the agent requests come in pairs: each one re-issued with a small change
+    agent = data["messages"]["agent"]
+    assert len(agent) == 4 and agent[0] != agent[1] and agent[0][:40] == agent[1][:40]
