@@ -179,6 +179,8 @@ class ModelRunner:
             take = self.scheduler.plan(feeds, chunkable, [s.rank for s in seqs], self.cache.decoding(ids) > 0)
             unfinished = {i for i, c in enumerate(chunkable) if c and take[i] < feeds[i]}
             new_token_ids = [n[:take[i]] if i in unfinished else n for i, n in enumerate(new_token_ids)]
+            if trees:  # a row fed in part feeds no tree (its call comes again; sync drops what it fed past the history)
+                trees = [None if i in unfinished else t for i, t in enumerate(trees)]
             num_logits = [0 if i in unfinished else m for i, m in enumerate(num_logits)]
             for i, s in enumerate(seqs):
                 s.prefilling = i in unfinished

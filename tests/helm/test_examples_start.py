@@ -63,3 +63,21 @@ def test_hybrid_k_is_rendered_for_hybrid_drafting_only():
     assert key not in draft_env({"method": "draft_model", "num_speculative_tokens": 4})
     assert key not in draft_env({"method": "ngram", "prompt_lookup_max": 4})
     assert key not in draft_env({"method": "suffix", "model": "none"})
+
+
+def test_token_trees_reach_the_draft_and_it_starts_with_them(monkeypatch, target_dir, good_draft_dir, pki):
+    """speculativeConfig.speculative_token_tree renders the draft's env, and a draft started from it proposes trees."""
+    from draft_service.server import create_server as create_draft
+    from tests.helm.test_chart import env_of
+
+    deployments = by_component({"speculativeConfig": {"method": "suffix", "speculative_token_tree": "dynamic",
+                                                      "num_speculative_tokens": 12}}, "Deployment")
+    assert env_of(container(deployments["draft"]))["SPECDEC_DRAFT_SPECULATIVE_TOKEN_TREE"] == "dynamic"
+    assert "SPECDEC_DRAFT_SPECULATIVE_TOKEN_TREE" not in env_of(container(by_component({}, "Deployment")["draft"]))
+    config = _parse_like_the_cli(monkeypatch, container(deployments["draft"]))
+    assert config.speculative_token_tree == "dynamic"
+    handle = create_draft(_local(config, good_draft_dir, pki, target_dir))
+    try:
+        assert handle.backend.ready.wait(60) and handle.backend.lookup.settings.token_tree
+    finally:
+        handle.stop(0)
