@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from draft_service.config import DraftServiceConfig
-from specdec.config import FEATURE_METHODS, NO_MODEL_NAMES, SUFFIX_KEYS, TLI_PROPOSALS, SpeculativeConfig
+from specdec.config import DRAFT_KEYS, FEATURE_METHODS, NO_MODEL_NAMES, TLI_PROPOSALS, SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.ngram import lookup_indexes
 from specdec.serving.backend import Backend
@@ -61,7 +61,7 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
     spec = SpeculativeConfig.from_any({"method": config.method, "model": model,
                                        "prompt_lookup_max": config.prompt_lookup_max,
                                        "prompt_lookup_min": config.prompt_lookup_min,
-                                       **{key: getattr(config, key) for key in SUFFIX_KEYS}})
+                                       **{key: getattr(config, key) for key in DRAFT_KEYS}})
     eagle_target = None
     if spec.method in FEATURE_METHODS:
         eagle_target = config.target_model or config.target_tokenizer
@@ -78,4 +78,5 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
         draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer,
         tli_proposals=config.tli_proposals, lookup=lookup_indexes(spec),
         model_free=spec.method if spec.model_free else None, model_k=model_k, eagle_target=eagle_target,
+        tree_shape=spec.tree_shape(),  # (a TLI draft, --target-tokenizer, drafts chains: DraftWorker)
     )

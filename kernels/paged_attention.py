@@ -51,6 +51,20 @@ tl = None  # triton.language, imported by ``_kernel`` on first use, for the kern
 NO_TREE = 2 ** 31 - 1  # TreePaths.starts of a query outside any tree: it never reads a path
 
 
+def tree_layout(start: int, count: int, parents: list[int] | None) -> tuple[int, int, int, list[int]]:
+    """A row of ``count`` new tokens from position ``start`` whose tree (``parents``) ends the row: (its chain
+    tokens before the tree's nodes, the tree's first position, the first node this row feeds, each node's depth).
+    The nodes before that one were fed by earlier passes (a drafter growing its tree a level per pass)."""
+    if not parents:
+        return count, start + count, 0, []
+    fed = min(count, len(parents))
+    chain = count - fed
+    depth: list[int] = []
+    for parent in parents:
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    return chain, start + chain + fed - len(parents), len(parents) - fed, depth
+
+
 @dataclass
 class TreePaths:
     """Where each query of a pass reads its keys when some rows are token trees (see the module): int32 tensors
@@ -67,24 +81,24 @@ class TreePaths:
     def of(cls, tables: list[list[int]], starts: list[int], counts: list[int], trees: list[list[int] | None],
            block_size: int, device: torch.device | str = "cpu") -> "TreePaths":
         """A pass's paths: row i feeds ``counts[i]`` tokens from position ``starts[i]`` through block table
-        ``tables[i]``; with ``trees[i]`` (parents, ``specdec.trees``) its last ``len(trees[i])`` tokens are a
-        tree's nodes, written in node order from the tree's first position and attending as their paths."""
+        ``tables[i]``; with ``trees[i]`` (parents, ``specdec.trees``) the tree's nodes are written in node order from
+        the tree's first position, and the row's last ``min(counts[i], len(trees[i]))`` tokens are its last nodes
+        (earlier nodes: fed by earlier passes), each attending as its path (``tree_layout``)."""
         positions: list[int] = []
         first: list[int] = []
         offsets: list[int] = []
         slots: list[int] = []
         for table, start, n, parents in zip(tables, starts, counts, trees):
-            t = len(parents) if parents else 0
-            root = start + n - t  # the tree's first position (its root is the token before)
-            positions += range(start, root)
-            first += [NO_TREE] * (root - start)
-            offsets += [0] * (root - start)
-            depth: list[int] = []
+            chain, root, new, depth = tree_layout(start, n, parents)
+            positions += range(start, start + chain)
+            first += [NO_TREE] * chain
+            offsets += [0] * chain
             paths: list[list[int]] = []
             for i, parent in enumerate(parents or ()):
-                depth.append(0 if parent < 0 else depth[parent] + 1)
                 p = root + i
                 paths.append((paths[parent] if parent >= 0 else []) + [table[p // block_size] * block_size + p % block_size])
+                if i < new:
+                    continue
                 positions.append(root + depth[i])
                 first.append(root)
                 offsets.append(len(slots))

@@ -12,7 +12,6 @@ from typing import Any
 
 from specdec.proposal import check_num_speculative_tokens
 from specdec.errors import ConfigError
-from specdec.trees import DYNAMIC
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +27,23 @@ def check_lookup(prompt_lookup_min: int, prompt_lookup_max: int) -> None:
     if prompt_lookup_min > prompt_lookup_max:
         raise ConfigError(f"prompt_lookup_min ({prompt_lookup_min}) must not exceed prompt_lookup_max "
                           f"({prompt_lookup_max})")
+
+
+# token trees (specdec.trees): speculative_token_tree "dynamic" lets each drafter grow its own trees
+DYNAMIC = "dynamic"
+# How a model drafter grows its trees (specdec.engine.tree_drafting): SGLang's keys speculative_eagle_topk (children
+# per expanded node) and speculative_num_draft_tokens (nodes proposed). 15 nodes and the root: 16 rows, one
+# invariant 16-row tile of a CPU target's verify pass.
+DEFAULT_TOP_K = 4
+DEFAULT_MAX_NODES = 15
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a model drafter grows its trees: ``top_k`` children per expanded node, ``max_nodes`` proposed."""
+
+    top_k: int = DEFAULT_TOP_K
+    max_nodes: int = DEFAULT_MAX_NODES
 
 
 # suffix decoding (vLLM's suffix_decoding_* keys; specdec.suffix)
@@ -68,12 +84,15 @@ MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no mod
 # A draft service's --model that names no model (with a model-free method; serve passes the method's name)
 NO_MODEL_NAMES = ("none", *MODEL_FREE_METHODS)
 SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "speculative_token_tree")
-# speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets the drafter grow
-# a token tree of up to num_speculative_tokens nodes, verified in one pass. Built for suffix decoding (its trees'
-# branches); vLLM's static shapes and draft-model / EAGLE trees are not built yet.
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
+# speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets each drafter grow
+# token trees, verified in one pass: suffix decoding its trees' branches (up to num_speculative_tokens nodes), a
+# draft model top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens). vLLM's static
+# shapes, n-gram and EAGLE-head trees are not built yet.
+TREE_KEYS = ("speculative_token_tree", "speculative_eagle_topk", "speculative_num_draft_tokens")
+DRAFT_KEYS = SUFFIX_KEYS + TREE_KEYS  # what the draft service takes of a speculative_config beside its model
 TOKEN_TREES = (DYNAMIC,)
-TREE_METHODS = ("suffix",)
+TREE_METHODS = ("suffix", "draft_model")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts become target ids
 
@@ -176,9 +195,13 @@ class SpeculativeConfig:
     # Hybrid drafting (a lookup method with "model"): the draft model's drafts per round, where a lookup (long
     # when its match is long) has none; None: num_speculative_tokens. A model draft pays per token drafted.
     draft_model_num_speculative_tokens: int | None = None
-    # Token trees (vLLM's key; specdec.trees): None drafts chains; "dynamic" proposes the drafter's tree of up to
-    # num_speculative_tokens nodes (method suffix: every branch its suffix trees hold above min_token_prob)
+    # Token trees (vLLM's key; specdec.trees): None drafts chains; "dynamic" proposes the drafters' trees: suffix
+    # decoding every branch its trees hold above min_token_prob (up to num_speculative_tokens nodes); a draft model
+    # the top speculative_eagle_topk tokens of each node it expands, num_speculative_tokens levels deep (in a hybrid:
+    # draft_model_num_speculative_tokens), speculative_num_draft_tokens nodes kept (SGLang's keys and defaults)
     speculative_token_tree: str | None = None
+    speculative_eagle_topk: int = DEFAULT_TOP_K
+    speculative_num_draft_tokens: int = DEFAULT_MAX_NODES
 
     @property
     def model_free(self) -> bool:
@@ -189,6 +212,12 @@ class SpeculativeConfig:
         return SuffixSettings(self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_cached_requests,
                               self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob,
                               self.speculative_token_tree == DYNAMIC)
+
+    def tree_shape(self) -> TreeShape | None:
+        """How the draft model grows its trees (None: it drafts chains)."""
+        if self.speculative_token_tree != DYNAMIC or self.model is None or self.use_heterogeneous_vocab:
+            return None
+        return TreeShape(self.speculative_eagle_topk, self.speculative_num_draft_tokens)
 
     @property
     def uses_lookup(self) -> bool:
@@ -282,9 +311,16 @@ class SpeculativeConfig:
                 raise ConfigError(f"speculative_token_tree must be one of {list(TOKEN_TREES)} (or unset: chains), got "
                                   f"{self.speculative_token_tree!r}; vLLM's static tree shapes are not built yet")
             if self.method not in TREE_METHODS:
-                raise ConfigError(f"speculative_token_tree {self.speculative_token_tree!r} grows trees from "
-                                  f"{' / '.join(TREE_METHODS)} drafting; method {self.method!r} drafts chains "
-                                  "(draft-model and EAGLE trees are not built yet)")
+                raise ConfigError(f"speculative_token_tree {self.speculative_token_tree!r} grows trees from suffix "
+                                  f"decoding and draft models; method {self.method!r} drafts chains (n-gram and "
+                                  "EAGLE-head trees are not built yet)")
+            if self.use_heterogeneous_vocab:
+                raise ConfigError("speculative_token_tree needs one vocabulary: a TLI draft's proposals are chains "
+                                  "(unset use_heterogeneous_vocab or speculative_token_tree)")
+        for key, high in (("speculative_eagle_topk", 16), ("speculative_num_draft_tokens", 32)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ConfigError(f"{key} must be an integer in [1, {high}], got {value!r}")
         if self.method == "suffix":
             if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
                 raise ConfigError("method \"suffix\" drafts from suffix trees; prompt_lookup_max / prompt_lookup_min "

@@ -197,7 +197,7 @@ class LLM:
             draft_runner = ModelRunner(self.draft, model_max_len(self.draft) if tli else self.max_model_len, role="draft",
                                        logits_vocab_size=None if tli else self.target.vocab_size,
                                        lean_forward=lean_forward, quantization=cfg.quantization, **kv)
-            self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli)
+            self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli, tree=cfg.tree_shape())
             if cfg.uses_lookup:  # hybrid: a lookup (n-gram / suffix) match proposes, else the draft model
                 self._draft_worker = HybridDraftWorker(self._draft_worker, lookup_indexes(cfg),
                                                        cfg.draft_model_num_speculative_tokens)

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 from specdec.errors import InvalidRequestError
 
-# vLLM's speculative_token_tree, specdec's dynamic mode: each drafter grows its own tree of up to
-# num_speculative_tokens nodes (suffix decoding: the branches its suffix trees hold, scored by frequency).
-DYNAMIC = "dynamic"
 
 
 def check_parents(parents: list[int], k: int, param: str = "draft_parents") -> None:

@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention import TreePaths
+from kernels.paged_attention import TreePaths, tree_layout
 from specdec.engine.kv_cache import KVPool
-from specdec.trees import depths, path_to
+from specdec.trees import path_to
 
 _flash_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -56,7 +56,8 @@ class PagedPass:
     cached length before the pass and ``counts[i]`` its new tokens, which are the flat batch's rows
     ``[sum(counts[:i]), sum(counts[:i + 1]))``. ``windows`` maps each layer kind to its sliding window (None:
     full attention); ``group`` is the query heads per kv head (the masks are laid out for it once per pass).
-    ``trees[i]``: the parents of row i's last nodes when they are a token tree (None: a chain); ``positions``
+    ``trees[i]``: the parents of row i's tree when the row ends with a token tree's nodes (None: a chain; the
+    nodes before the row's were fed by earlier passes: ``kernels.paged_attention.tree_layout``); ``positions``
     [tokens] holds each token's position (a node's: the tree's first position plus its depth)."""
 
     def __init__(self, pool: KVPool, tables: list[list[int]], starts: list[int], counts: list[int],
@@ -79,8 +80,8 @@ class PagedPass:
             parents = trees[i] if trees else None
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             if parents:
-                root = end - len(parents)
-                positions += list(range(start, root)) + [root + d for d in depths(parents)]
+                chain, root, new, depth = tree_layout(start, n, parents)
+                positions += list(range(start, start + chain)) + [root + d for d in depth[new:]]
             else:
                 positions += range(start, end)
             if not self.kernel:
@@ -171,19 +172,18 @@ def _visible(runs: list[tuple[int, int, int]], start: int, n: int, window: int |
 
 def _visible_tree(runs: list[tuple[int, int, int]], start: int, n: int, parents: list[int], window: int | None,
                   device: torch.device, group: int) -> list[tuple]:
-    """``_visible`` for a row whose last ``len(parents)`` tokens are a tree's nodes: the chain tokens before them
-    see the keys up to their own position; node i sees the history and its path, as a chain of its path would
+    """``_visible`` for a row that ends with a tree's nodes (``tree_layout``): the chain tokens before them see
+    the keys up to their own position; node i sees the history and its path, as a chain of its path would
     (the window counts positions by depth)."""
     end = start + n
-    root = end - len(parents)
+    chain, root, new, depth = tree_layout(start, n, parents)
     allowed = [[False] * end for _ in range(n)]
-    for j in range(root - start):
+    for j in range(chain):
         pos = start + j
         for k in range(max(0, pos + 1 - window) if window else 0, pos + 1):
             allowed[j][k] = True
-    depth = depths(parents)
-    for i in range(len(parents)):
-        row, pos = allowed[root - start + i], root + depth[i]
+    for i in range(new, len(parents)):
+        row, pos = allowed[chain + i - new], root + depth[i]
         for k in range(max(0, pos + 1 - window) if window else 0, root):
             row[k] = True
         for a in path_to(parents, i):

@@ -21,9 +21,11 @@ from specdec.features import FeatureChunk
 from specdec.engine.kv_manager import CachedSequence
 from specdec.engine.runner import ModelRunner
 from specdec.engine.scoring import RowLogits, materialize
+from specdec.engine.tree_drafting import grow_trees
 from specdec.token_mask import apply_token_bitmask
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
+from specdec.config import TreeShape
 from specdec.trees import check_parents, depths, path_to, walk
 
 
@@ -48,7 +50,7 @@ class DraftWorker:
     sequences (each step is one forward pass over every sequence still drafting)."""
 
     def __init__(self, runner: ModelRunner, draft_sample_method: str = "greedy", top_n: int | None = None,
-                 tli: Any = None):
+                 tli: Any = None, tree: TreeShape | None = None):
         check_draft_sample_method(draft_sample_method)
         self.runner = runner
         self.draft_sample_method = draft_sample_method
@@ -58,6 +60,9 @@ class DraftWorker:
         # Probabilistic drafting samples from the renormalised top-N of q, so q travels sparsely;
         # still lossless: the target's rejection step only needs the q that was sampled from.
         self.top_n = top_n
+        # token trees (specdec.engine.tree_drafting): greedy drafting proposes a tree of top-k candidates instead
+        # of a chain (one vocabulary only: a TLI draft's proposals stay chains)
+        self.tree = tree if tli is None else None
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
         result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
@@ -105,6 +110,15 @@ class DraftWorker:
             drafts: list[list[int]] = [[] for _ in rows]  # draft-model ids (fed back to the draft)
             qs: list[list[torch.Tensor]] = [[] for _ in rows]
             active = list(range(len(rows)))
+            if self.tree is not None:  # greedy drafting grows trees: those rows leave the chains' steps
+                grown = [j for j, lg in enumerate(logits) if isinstance(lg, torch.Tensor) and not rows[j][4]]
+                if grown:
+                    trees = grow_trees(runner, [rows[j][1] for j in grown], [rows[j][2] for j in grown],
+                                       [logits[j] for j in grown], self.tree, runner.lm.eos_token_ids)
+                    for j, proposal in zip(grown, trees):
+                        results[rows[j][0]] = proposal
+                    logits = [lg for j, lg in enumerate(logits) if j not in grown]
+                    active = [j for j in active if j not in grown]
             # rows the KV pool preempted (they propose what they drafted so far) or whose prompt is prefilled
             # in chunks (UNFINISHED: the batcher runs them again)
             stopped: dict[int, Any] = {}
@@ -136,6 +150,8 @@ class DraftWorker:
                     logits = runner.forward_batch([rows[j][2] for j in active], [[drafts[j][-1]] for j in active],
                                                   [1] * len(active))
             for j, (i, call, _seq, _new, probabilistic) in enumerate(rows):
+                if j not in stopped and results[i] is not None:  # a tree (above)
+                    continue
                 if stopped.get(j) is UNFINISHED:
                     results[i] = UNFINISHED
                     continue

@@ -26,7 +26,7 @@ from typing import Any
 
 from draft_service.config import DraftServiceConfig
 from gateway.config import GatewayConfig
-from specdec.config import DEFAULT_HTTP_PORT, FEATURE_METHODS, SUFFIX_KEYS, SpeculativeConfig
+from specdec.config import DEFAULT_HTTP_PORT, DRAFT_KEYS, FEATURE_METHODS, SpeculativeConfig
 from specdec.serving.backend import DEFAULT_QUANTIZATION, BackendConfig
 from target_service.config import TargetServiceConfig
 
@@ -52,7 +52,7 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
               "prompt_lookup_min": "prompt_lookup_min", "max_model_len": "max_model_len", "revision": "revision",
               "target_tokenizer": "use_heterogeneous_vocab", "target_model": "method", "quantization": "quantization",
               "draft_model_num_speculative_tokens": "draft_model_num_speculative_tokens",
-              **{key: key for key in SUFFIX_KEYS}},
+              **{key: key for key in DRAFT_KEYS}},
     "gateway": {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",
                 "use_heterogeneous_vocab": "use_heterogeneous_vocab", "disable_by_batch_size": "disable_by_batch_size",
                 "adaptive_k": "adaptive_k", "overlap": "overlap", "max_model_len": "max_model_len"},
@@ -168,7 +168,7 @@ def part_configs(cfg: Any, spec: SpeculativeConfig | None, target_model: str,
                         tli_proposals=spec.tli_proposals, quantization=spec.quantization or DEFAULT_QUANTIZATION,
                         target_tokenizer=target_model if spec.use_heterogeneous_vocab else None,
                         target_model=target_model if spec.method in FEATURE_METHODS else None,
-                        **{key: getattr(spec, key) for key in SUFFIX_KEYS},
+                        **{key: getattr(spec, key) for key in DRAFT_KEYS},
                         draft_model_num_speculative_tokens=spec.draft_model_num_speculative_tokens,
                         **{n: getattr(cfg, n) for n in DRAFT_SAME})
     gateway_values = {n: getattr(cfg, n) for n in gateway_same_fields()}

@@ -129,7 +129,8 @@ class Backend:
                  draft_top_n: int | None = None, target_tokenizer: str | None = None,
                  compute: ComputeThread | None = None, tli_proposals: str = "text",
                  lookup: Any = None, model_free: str | None = None, model_k: int | None = None,
-                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING, eagle_target: str | None = None):
+                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING, eagle_target: str | None = None,
+                 tree_shape: Any = None):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -145,6 +146,7 @@ class Backend:
         self.lookup = lookup
         self.model_free = model_free
         self.model_k = model_k  # hybrid: the draft model's k (None: the call's)
+        self.tree_shape = tree_shape  # the draft model's token trees (specdec.config.TreeShape; None: chains)
         self.eagle_target = eagle_target  # an EAGLE-3 head's target (its embedding and shape); the model is the head
         self.head_info: dict | None = None  # what GetInfo says of a head (set by load)
         self.compute = compute  # shared with another backend in this process (see specdec.serving.batching)
@@ -196,7 +198,8 @@ class Backend:
                                   release_unread_weights=True)  # this service's own model: one copy of each weight
         if self.role == "draft":
             self.tli = self._tli_adapter()
-            self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli)
+            self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli,
+                                      tree=self.tree_shape)
             if self.lookup is not None:  # hybrid: a lookup match proposes, else the model
                 self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k)
             run = self.worker.propose_batch

@@ -114,7 +114,9 @@ def test_speculative_config_keys_reach_the_parts():
             "prompt_lookup_max": 5, "prompt_lookup_min": 3, "disable_by_batch_size": 4, "adaptive_k": True,
             "overlap": True, "quantization": "none", "suffix_decoding_max_tree_depth": 12,
             "suffix_decoding_max_cached_requests": 7, "suffix_decoding_max_spec_factor": 2.5,
-            "suffix_decoding_min_token_prob": 0.25, "draft_model_num_speculative_tokens": 2}
+            "suffix_decoding_min_token_prob": 0.25, "draft_model_num_speculative_tokens": 2,
+            # (trees need one vocabulary: unset beside use_heterogeneous_vocab; the tree test below sets it)
+            "speculative_token_tree": None, "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 9}
     assert set(spec) == set(SpeculativeConfig.valid_keys())
     cfg, resolved = _serve(["t", "--speculative-config", json.dumps(spec), "--max-model-len", "120"])
     target, draft, gateway = part_configs(cfg, resolved, "t")
@@ -213,3 +215,12 @@ def test_kv_cache_flags_reach_both_backends_and_the_draft_may_differ(monkeypatch
     target, draft, _ = part_configs(cfg, spec, "t")
     assert target.kv_cache_memory == draft.kv_cache_memory == 10**9
     assert target.enable_prefix_caching is draft.enable_prefix_caching is False
+
+
+def test_token_tree_keys_reach_the_draft():
+    spec = {"method": "suffix", "model": "d", "num_speculative_tokens": 8, "speculative_token_tree": "dynamic",
+            "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 9}
+    cfg, resolved = _serve(["t", "--speculative-config", json.dumps(spec)])
+    _, draft, _ = part_configs(cfg, resolved, "t")
+    assert (draft.speculative_token_tree, draft.speculative_eagle_topk, draft.speculative_num_draft_tokens) == \
+        ("dynamic", 3, 9)

@@ -1,0 +1,110 @@
+"""Token trees from a draft model: EAGLE-2's dynamic trees, for any draft model that shares the target's vocabulary.
+
+A chain drafts the draft's argmax at each step. A tree keeps the draft's ``top_k`` likeliest tokens at each
+position it expands, and grows by confidence, level by level:
+
+1. The root's children are the ``top_k`` likeliest tokens after the history. The pass that feeds the history
+   gives their logits, so this costs no more than a chain's first step.
+2. Each later level expands the ``top_k`` candidates of the level before that have the highest cumulative
+   log-probability (the sum of the draft's log-probabilities along the path). It feeds them in one pass as tree
+   nodes, each attending to the history and its own ancestors (``specdec.engine.attention``), and adds their
+   ``top_k`` children.
+3. After ``depth`` levels, the ``max_nodes`` candidates with the highest cumulative log-probability are
+   proposed, in the order they were made (parents first).
+
+Along a path the cumulative log-probability never rises, so a kept node's ancestors are kept too. A tie goes to
+the node made first.
+
+The candidates are deterministic: top-k of the draft's logits, with the request's penalties applied along the
+path. The target's walk (``specdec.trees``) is lossless whatever they are. The draft's cache is cut back to the
+history afterwards, so no node's entry outlives the round, and the next round feeds the accepted path again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.engine.kv_manager import CachedSequence
+from specdec.engine.runner import ModelRunner
+from specdec.proposal import Proposal
+from specdec.sampling import apply_penalties, penalty_context
+from specdec.config import TreeShape
+
+
+@dataclass
+class _Tree:
+    tokens: list[int] = field(default_factory=list)  # every candidate, in the order made
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # cumulative log-probabilities
+    fed: list[int] = field(default_factory=list)  # the candidates fed to the draft, in feed order
+    level: list[int] = field(default_factory=list)  # the last level's candidates
+
+    def add_children(self, parent: int, logprobs: torch.Tensor, top_k: int) -> None:
+        values, ids = logprobs.topk(top_k)
+        base = self.scores[parent] if parent >= 0 else 0.0
+        self.level = []
+        for v, t in zip(values.tolist(), ids.tolist()):
+            self.level.append(len(self.tokens))
+            self.tokens.append(t)
+            self.parents.append(parent)
+            self.scores.append(base + v)
+
+    def path(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(self.tokens[node])
+            node = self.parents[node]
+        return out[::-1]
+
+    def proposal(self, max_nodes: int) -> Proposal:
+        keep = sorted(sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], i))[:max_nodes])
+        index = {node: i for i, node in enumerate(keep)}
+        return Proposal([self.tokens[i] for i in keep],
+                        parents=[index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep])
+
+
+def grow_trees(runner: ModelRunner, calls: list, seqs: list[CachedSequence], first: list[torch.Tensor],
+               shape: TreeShape, eos_token_ids) -> list[Proposal]:
+    """Trees for sequences whose history the runner just fed (``first[i]``: its logits, the last row the root's).
+    ``calls[i].num_speculative_tokens`` is the tree's depth."""
+    trees = [_Tree() for _ in calls]
+    roots = [s.length for s in seqs]
+
+    def logprobs(call, tree: _Tree, node: int, row: torch.Tensor) -> torch.Tensor:
+        if call.params.has_penalties:  # as the target will process that position (the path counts as generated)
+            row = apply_penalties(row, call.params, penalty_context(call.params, call.token_ids, eos_token_ids,
+                                                                    after=tree.path(node)))
+        return torch.log_softmax(row.float(), dim=-1)
+
+    for call, tree, lg in zip(calls, trees, first):
+        tree.add_children(-1, logprobs(call, tree, -1, lg[-1]), shape.top_k)
+    for depth in range(1, max(c.num_speculative_tokens for c in calls)):
+        rows = [j for j, c in enumerate(calls) if depth < c.num_speculative_tokens and trees[j].level
+                and seqs[j].length + shape.top_k <= runner.max_model_len]
+        if not rows:
+            break
+        expand = {j: sorted(trees[j].level, key=lambda i: (-trees[j].scores[i], i))[:shape.top_k] for j in rows}
+        feeds = []
+        for j in rows:
+            tree = trees[j]
+            tree.fed += expand[j]
+            order = {node: f for f, node in enumerate(tree.fed)}
+            feeds.append([order[tree.parents[n]] if tree.parents[n] >= 0 else -1 for n in tree.fed])
+        out = runner.forward_batch([seqs[j] for j in rows], [[trees[j].tokens[n] for n in expand[j]] for j in rows],
+                                   [len(expand[j]) for j in rows], trees=feeds)
+        for j, lg in zip(rows, out):
+            tree = trees[j]
+            tree.level = []
+            if not isinstance(lg, torch.Tensor):  # preempted: propose what it has
+                continue
+            level = []
+            for node, row in zip(expand[j], lg):
+                tree.add_children(node, logprobs(calls[j], tree, node, row), shape.top_k)
+                level += tree.level
+            tree.level = level
+    for seq, root in zip(seqs, roots):
+        if seq.length > root:  # the fed nodes' entries go: the next round feeds the accepted path
+            runner.cache.truncate(seq, root)
+    return [tree.proposal(shape.max_nodes) for tree in trees]
