@@ -58,3 +58,26 @@ def test_draft_restart_mid_stream_keeps_the_output(servers, tree_stack, target_l
     assert not thread.is_alive() and "error" not in box, box.get("error")
     assert (box["result"].text, box["result"].token_ids) == offline_greedy(target_llm, BRANCHING, N)
     wait_released(st["target"], st["draft"])
+
+
+def test_draft_model_trees_served_are_the_target_alone(servers, target_dir, good_draft_dir, target_llm):
+    """A draft service drafting top-k trees with its model (speculative_token_tree dynamic): the trees reach the
+    target through the gateway and the output is the target's."""
+    from tests.services_conftest_helpers import PROMPTS
+
+    target = servers.target(target_dir)
+    draft = servers.draft(good_draft_dir, speculative_token_tree="dynamic", speculative_eagle_topk=3,
+                          speculative_num_draft_tokens=10)
+    gw = servers.gateway(target, draft, num_speculative_tokens=3)
+    with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        with hooked(gw.backend.target, "verify") as hook:
+            for prompt in PROMPTS[:2]:
+                got = generate(stub, generate_request(prompt, max_tokens=N, k=3))
+                assert (got.text, got.token_ids) == offline_greedy(target_llm, prompt, N)
+    trees = [args[2] for args, _ in hook.seen if args[2].is_tree]
+    assert trees and all(len(p.draft_token_ids) <= 10 for p in trees)
+    # the root's children (at most its top 3, the likeliest first) come first
+    for p in trees:
+        roots = p.parents.count(-1)
+        assert 1 <= roots <= 3 and p.parents[:roots] == [-1] * roots, p.parents

@@ -71,13 +71,18 @@ def test_token_trees_reach_the_draft_and_it_starts_with_them(monkeypatch, target
     from tests.helm.test_chart import env_of
 
     deployments = by_component({"speculativeConfig": {"method": "suffix", "speculative_token_tree": "dynamic",
-                                                      "num_speculative_tokens": 12}}, "Deployment")
+                                                      "num_speculative_tokens": 12, "speculative_eagle_topk": 3}},
+                               "Deployment")
     assert env_of(container(deployments["draft"]))["SPECDEC_DRAFT_SPECULATIVE_TOKEN_TREE"] == "dynamic"
-    assert "SPECDEC_DRAFT_SPECULATIVE_TOKEN_TREE" not in env_of(container(by_component({}, "Deployment")["draft"]))
+    # the default pair drafts trees; null renders nothing (the draft's default: chains)
+    assert env_of(container(by_component({}, "Deployment")["draft"]))["SPECDEC_DRAFT_SPECULATIVE_TOKEN_TREE"] == "dynamic"
+    assert "SPECDEC_DRAFT_SPECULATIVE_TOKEN_TREE" not in env_of(container(by_component(
+        {"speculativeConfig": {"speculative_token_tree": None}}, "Deployment")["draft"]))
     config = _parse_like_the_cli(monkeypatch, container(deployments["draft"]))
-    assert config.speculative_token_tree == "dynamic"
+    assert (config.speculative_token_tree, config.speculative_eagle_topk) == ("dynamic", 3)
     handle = create_draft(_local(config, good_draft_dir, pki, target_dir))
-    try:
+    try:  # the suffix hybrid: the suffix trees branch, the draft model grows top-3 trees
         assert handle.backend.ready.wait(60) and handle.backend.lookup.settings.token_tree
+        assert handle.backend.worker.model.tree.top_k == 3
     finally:
         handle.stop(0)
