@@ -225,3 +225,37 @@ def test_a_tree_behind_a_prompt_prefilled_in_chunks(target_lm):
     result = worker.verify("chunked", tokens, Proposal(drafts, parents=parents), params)
     assert result.accepted_path == [1, 2, 3] and result.next_token_id == want[3]
     assert truth  # (the chunked runner decodes alone too)
+
+
+def test_trees_under_prefix_sharing_and_preemption(target_lm):
+    """Two sequences with one prompt (its full blocks shared through the prefix cache) decode with random trees in
+    turns, in a pool too small for both: preempted rounds are resent, and both outputs stay the target's."""
+    from specdec.errors import SequencePreemptedError
+
+    probe = ModelRunner(target_lm, 256, role="target")
+    per_token = probe.kv.key_data[:, :, 0].numel() * probe.kv.key_data.element_size() * 2
+    runner = ModelRunner(target_lm, 256, role="target", batch_invariant=True, enable_prefix_caching=True,
+                         block_size=16, kv_cache_memory=per_token * 16 * 9)  # 9 blocks: 144 tokens
+    worker = TargetWorker(runner)
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    prompt = PROMPT * 4  # 48 tokens: 3 full blocks, shared
+    reference = TargetWorker(_runner(target_lm))
+    truth: list[int] = []
+    while len(truth) < 40:
+        truth.append(reference.verify("t", prompt + truth, Proposal([]), params).next_token_id)
+    rng = random.Random(5)
+    outs = {"a": [], "b": []}
+    preempted = 0
+    while any(len(o) < 40 for o in outs.values()):
+        for sid, out in outs.items():
+            if len(out) >= 40:
+                continue
+            parents, drafts = _random_tree(rng, truth[len(out):], rng.randint(1, 9))
+            try:
+                result = worker.verify(sid, prompt + out, Proposal(drafts, parents=parents), params)
+            except SequencePreemptedError:
+                preempted += 1
+                continue
+            out += result.emitted(drafts)
+    assert outs["a"][:40] == truth[:40] and outs["b"][:40] == truth[:40]
+    assert preempted > 0 or runner.kv.preemptions > 0, "the pool never ran short: the test did not test preemption"
