@@ -45,7 +45,7 @@ def speculative_round(draft: Proposer | None, target: Verifier, seq: SequenceSta
     if ahead is not None:
         ahead.start(draft, seq, proposal, k)
     result = target.verify(seq.sequence_id, seq.token_ids, proposal, seq.verify_params)
-    seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens)
+    seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens, proposal.is_tree)
     seq.note_verify(result)  # logprobs travel with the tokens
     return result.emitted(proposal.draft_token_ids)
 
@@ -198,7 +198,7 @@ def group_round(draft: Proposer | None, target: Verifier, seqs: Sequence[Sequenc
         if isinstance(result, BaseException):
             out.append(result)
             continue
-        seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens)
+        seq.stats.record(len(proposal.draft_token_ids), result.num_accepted_tokens, proposal.is_tree)
         seq.note_verify(result)  # logprobs travel with the tokens
         out.append(commit(seq, result.emitted(proposal.draft_token_ids)))
     return out

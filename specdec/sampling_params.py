@@ -166,11 +166,20 @@ class SpecDecodeStats:
     # the next round decides them, and how many became that round's proposal (the rest were dropped)
     num_lookaheads: int = 0
     num_lookaheads_used: int = 0
+    # token trees (specdec.trees): rounds that proposed a tree, their nodes and their accepted paths' tokens (also
+    # counted in num_drafts, num_draft_tokens and num_accepted_tokens)
+    num_tree_drafts: int = 0
+    num_tree_draft_tokens: int = 0
+    num_tree_accepted_tokens: int = 0
 
-    def record(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+    def record(self, num_draft_tokens: int, num_accepted_tokens: int, tree: bool = False) -> None:
         self.num_target_passes += 1
         if num_draft_tokens == 0:
             return
+        if tree:
+            self.num_tree_drafts += 1
+            self.num_tree_draft_tokens += num_draft_tokens
+            self.num_tree_accepted_tokens += num_accepted_tokens
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
@@ -186,6 +195,9 @@ class SpecDecodeStats:
         self.num_target_passes += other.num_target_passes
         self.num_lookaheads += other.num_lookaheads
         self.num_lookaheads_used += other.num_lookaheads_used
+        self.num_tree_drafts += other.num_tree_drafts
+        self.num_tree_draft_tokens += other.num_tree_draft_tokens
+        self.num_tree_accepted_tokens += other.num_tree_accepted_tokens
         n = max(len(self.accepted_per_position), len(other.accepted_per_position))
         a = self.accepted_per_position + [0] * (n - len(self.accepted_per_position))
         b = other.accepted_per_position + [0] * (n - len(other.accepted_per_position))
@@ -211,4 +223,7 @@ class SpecDecodeStats:
             "accepted_per_position": list(self.accepted_per_position),
             "num_lookaheads": self.num_lookaheads,
             "num_lookaheads_used": self.num_lookaheads_used,
+            "num_tree_drafts": self.num_tree_drafts,
+            "num_tree_draft_tokens": self.num_tree_draft_tokens,
+            "num_tree_accepted_tokens": self.num_tree_accepted_tokens,
         }

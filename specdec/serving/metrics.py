@@ -42,6 +42,12 @@ NUM_ACCEPTED_TOKENS = Counter("specdec_spec_decode_num_accepted_tokens", "Draft 
 ACCEPTED_PER_POS = Counter("specdec_spec_decode_num_accepted_tokens_per_pos",
                            "Draft tokens accepted at each position of a round's proposal (0-based).",
                            (*LABELS, "position"))
+TREE_DRAFTS = Counter("specdec_spec_decode_num_tree_drafts", "Rounds that proposed a token tree (speculative_token_tree); "
+                      "their nodes and accepted paths count in the draft and accepted tokens too.", LABELS)
+TREE_DRAFT_TOKENS = Counter("specdec_spec_decode_num_tree_draft_tokens", "Nodes of the token trees verified (per tree "
+                            "round: divide by specdec_spec_decode_num_tree_drafts).", LABELS)
+TREE_ACCEPTED_TOKENS = Counter("specdec_spec_decode_num_tree_accepted_tokens", "Tokens of the token trees' accepted "
+                               "paths (per tree round: divide by specdec_spec_decode_num_tree_drafts).", LABELS)
 LOOKAHEADS = Counter("specdec_spec_decode_lookaheads", "Proposals drafted ahead while the target verified (overlap), "
                      "by outcome: used (the round before was accepted in full and its bonus token was the first "
                      "token drafted ahead) or dropped.", (*LABELS, "outcome"))
@@ -254,7 +260,7 @@ def init_gateway_series(model_name: str) -> None:
     series that appears only with its first increment hides that increment from rate())."""
     labels = ("gateway", model_name)
     for metric in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, PROMPT_TOKENS, GENERATION_TOKENS,
-                   REQUESTS_RUNNING, REQUESTS_WAITING):
+                   REQUESTS_RUNNING, REQUESTS_WAITING, TREE_DRAFTS, TREE_DRAFT_TOKENS, TREE_ACCEPTED_TOKENS):
         metric.labels(*labels)
     for reason in ("stop", "length"):
         REQUEST_SUCCESS.labels(*labels, reason)
@@ -284,6 +290,7 @@ class GatewaySeries:
         self.labels = labels
         self.drafts, self.draft_tokens = NUM_DRAFTS.labels(*labels), NUM_DRAFT_TOKENS.labels(*labels)
         self.accepted = NUM_ACCEPTED_TOKENS.labels(*labels)
+        self.trees = tuple(m.labels(*labels) for m in (TREE_DRAFTS, TREE_DRAFT_TOKENS, TREE_ACCEPTED_TOKENS))
         self.ttft, self.itl, self.e2e, self.queue = (h.labels(*labels) for h in (TTFT, ITL, E2E, QUEUE_TIME))
         self.prompt_tokens, self.generation_tokens = PROMPT_TOKENS.labels(*labels), GENERATION_TOKENS.labels(*labels)
         self.running, self.waiting = REQUESTS_RUNNING.labels(*labels), REQUESTS_WAITING.labels(*labels)
@@ -321,6 +328,7 @@ class SequenceMetrics:
         self.e2e: float | None = None  # seconds, once finished
         self._seen = (0, 0, 0)  # drafts, draft tokens, accepted tokens counted so far
         self._seen_per_pos: list[int] = []
+        self._seen_trees = (0, 0, 0)  # tree drafts, their nodes, their accepted tokens counted so far
         self._lookaheads = (0, 0)  # lookaheads decided (used or dropped) and used, counted so far
         self.series.waiting.inc()
 
@@ -347,6 +355,11 @@ class SequenceMetrics:
                     s.accepted_at(pos).inc(count - seen[pos])
                     seen[pos] = count
             self._seen = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+            trees = (stats.num_tree_drafts, stats.num_tree_draft_tokens, stats.num_tree_accepted_tokens)
+            for counter, now, before in zip(s.trees, trees, self._seen_trees):
+                if now > before:
+                    counter.inc(now - before)
+            self._seen_trees = trees
         if stats.num_lookaheads > self._lookaheads[0]:
             decided, used = self._lookaheads  # (a lookahead is counted when the round after it decides it)
             s.lookaheads_used.inc(stats.num_lookaheads_used - used)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from specdec.serving import metrics as M
 from specdec.v1 import generation_service_pb2_grpc
+from tests.metrics_helpers import parse, total
 from tests.services_conftest_helpers import (collect, draft_config, generate, generate_request, hooked, offline_greedy,
                                              run_in_thread, wait_released)
 
@@ -39,6 +41,13 @@ def test_trees_travel_and_the_output_is_the_target_alone(tree_stack, target_llm)
     for proposal, result in trees:
         assert result.accepted_path is not None and len(result.accepted_path) == result.num_accepted_tokens
     assert again.last.stats.num_accepted_tokens > 0
+    # the gateway counts tree rounds, their nodes and their accepted paths (rates give nodes and path per pass)
+    text = parse(M.exposition().decode())
+    rounds = total(text, "specdec_spec_decode_num_tree_drafts_total", service="gateway")
+    nodes = total(text, "specdec_spec_decode_num_tree_draft_tokens_total", service="gateway")
+    path = total(text, "specdec_spec_decode_num_tree_accepted_tokens_total", service="gateway")
+    assert rounds >= len(trees) and nodes >= sum(len(p.draft_token_ids) for p, _ in trees)
+    assert sum(r.num_accepted_tokens for _, r in trees) <= path <= nodes
     wait_released(st["target"], st["draft"])
 
 
