@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from specdec.proposal import check_num_speculative_tokens
+from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, check_num_speculative_tokens
 from specdec.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -40,10 +40,45 @@ DEFAULT_MAX_NODES = 15
 
 @dataclass(frozen=True)
 class TreeShape:
-    """How a model drafter grows its trees: ``top_k`` children per expanded node, ``max_nodes`` proposed."""
+    """How a model drafter grows its trees: ``top_k`` children per expanded node, ``max_nodes`` proposed; or a
+    static shape (vLLM's ``speculative_token_tree``): each node a path of child ranks from the root, ``(0,)`` the
+    draft's likeliest first token, ``(0, 1)`` the second likeliest after it."""
 
     top_k: int = DEFAULT_TOP_K
     max_nodes: int = DEFAULT_MAX_NODES
+    static: tuple[tuple[int, ...], ...] | None = None
+
+
+def parse_token_tree(value: str) -> tuple[tuple[int, ...], ...]:
+    """vLLM's static ``speculative_token_tree`` (a list of tuples of child ranks, e.g. ``"[(0,), (1,), (0, 0)]"``),
+    checked: every node's parent path is listed, no node twice, at most MAX_NUM_SPECULATIVE_TOKENS nodes, ranks in
+    [0, 16). Returned in breadth-first order (shorter paths first, then by ranks)."""
+    import ast
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"speculative_token_tree {value!r} is not a tree shape: {why} (vLLM's syntax: a list of "
+                           "tuples of child ranks, e.g. \"[(0,), (1,), (0, 0)]\", or \"dynamic\")")
+
+    try:
+        nodes = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise bad("it does not parse") from None
+    if not isinstance(nodes, (list, tuple)) or not nodes:
+        raise bad("it must be a non-empty list")
+    paths = []
+    for node in nodes:
+        if not isinstance(node, tuple) or not node or not all(
+                isinstance(r, int) and not isinstance(r, bool) and 0 <= r < 16 for r in node):
+            raise bad(f"{node!r} is not a tuple of ranks in [0, 16)")
+        paths.append(node)
+    if len(set(paths)) != len(paths):
+        raise bad("a node is listed twice")
+    if len(paths) > MAX_NUM_SPECULATIVE_TOKENS:
+        raise bad(f"{len(paths)} nodes; at most {MAX_NUM_SPECULATIVE_TOKENS}")
+    missing = [p for p in paths if len(p) > 1 and p[:-1] not in set(paths)]
+    if missing:
+        raise bad(f"{missing[0]!r}'s parent {missing[0][:-1]!r} is not listed")
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
 # suffix decoding (vLLM's suffix_decoding_* keys; specdec.suffix)
@@ -87,8 +122,8 @@ SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_req
                "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 # speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets each drafter grow
 # token trees, verified in one pass: suffix decoding its trees' branches (up to num_speculative_tokens nodes), a
-# draft model top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens). vLLM's static
-# shapes, n-gram and EAGLE-head trees are not built yet.
+# draft model top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens) or a static shape
+# (vLLM's syntax: parse_token_tree). N-gram and EAGLE-head trees are not built yet.
 TREE_KEYS = ("speculative_token_tree", "speculative_eagle_topk", "speculative_num_draft_tokens")
 DRAFT_KEYS = SUFFIX_KEYS + TREE_KEYS  # what the draft service takes of a speculative_config beside its model
 TOKEN_TREES = (DYNAMIC,)
@@ -221,9 +256,10 @@ class SpeculativeConfig:
 
     def tree_shape(self) -> TreeShape | None:
         """How the draft model grows its trees (None: it drafts chains)."""
-        if self.speculative_token_tree != DYNAMIC or self.model is None or self.use_heterogeneous_vocab:
+        if self.speculative_token_tree is None or self.model is None or self.use_heterogeneous_vocab:
             return None
-        return TreeShape(self.speculative_eagle_topk, self.speculative_num_draft_tokens)
+        static = None if self.speculative_token_tree == DYNAMIC else parse_token_tree(self.speculative_token_tree)
+        return TreeShape(self.speculative_eagle_topk, self.speculative_num_draft_tokens, static)
 
     @property
     def uses_lookup(self) -> bool:
@@ -313,9 +349,15 @@ class SpeculativeConfig:
                 raise ConfigError(f"method {self.method!r} drafts from the features of the round just verified: it "
                                   "cannot draft during that verification (set overlap false)")
         if self.speculative_token_tree is not None:
+            if not isinstance(self.speculative_token_tree, str):
+                raise ConfigError(f"speculative_token_tree must be \"dynamic\" or a static shape in vLLM's syntax "
+                                  f"(a string), got {self.speculative_token_tree!r}")
             if self.speculative_token_tree not in TOKEN_TREES:
-                raise ConfigError(f"speculative_token_tree must be one of {list(TOKEN_TREES)} (or unset: chains), got "
-                                  f"{self.speculative_token_tree!r}; vLLM's static tree shapes are not built yet")
+                parse_token_tree(self.speculative_token_tree)
+                if self.method != "draft_model" or self.uses_lookup:
+                    raise ConfigError("a static speculative_token_tree shapes a draft model's trees (method "
+                                      "\"draft_model\" without lookup); suffix trees grow by what the trees hold: "
+                                      "use \"dynamic\"")
             if self.method not in TREE_METHODS:
                 raise ConfigError(f"speculative_token_tree {self.speculative_token_tree!r} grows trees from suffix "
                                   f"decoding and draft models; method {self.method!r} drafts chains (n-gram and "

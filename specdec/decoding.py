@@ -122,7 +122,7 @@ class Lookahead:
         # the bet won only if the sequence now starts with what was drafted after (the committed part is
         # known unchanged: only the drafts are compared)
         known = min(unchanged_prefix(self._source, self._mark, seq.token_ids), self._committed)
-        if (isinstance(drafted, BaseException) or k <= 0 or len(seq.token_ids) < n
+        if (isinstance(drafted, BaseException) or k <= 0 or len(seq.token_ids) < n or drafted.is_tree
                 or common_prefix(self._base, seq.token_ids, known) < n):
             return None  # a draft error shows again (or is handled) in the round's own Propose
         landed = seq.token_ids[n:]  # the bonus token: one, when every draft was accepted

@@ -40,16 +40,19 @@ class _Tree:
     scores: list[float] = field(default_factory=list)  # cumulative log-probabilities
     fed: list[int] = field(default_factory=list)  # the candidates fed to the draft, in feed order
     level: list[int] = field(default_factory=list)  # the last level's candidates
+    ranks: list[tuple[int, ...]] = field(default_factory=list)  # each candidate's path of child ranks
 
-    def add_children(self, parent: int, logprobs: torch.Tensor, top_k: int) -> None:
-        values, ids = logprobs.topk(top_k)
+    def add_children(self, parent: int, logprobs: torch.Tensor, ranks: list[int]) -> None:
+        """The children of ``parent`` (-1: the root) at these ranks of the draft's distribution."""
+        values, ids = logprobs.topk(max(ranks) + 1)
         base = self.scores[parent] if parent >= 0 else 0.0
         self.level = []
-        for v, t in zip(values.tolist(), ids.tolist()):
+        for r in ranks:
             self.level.append(len(self.tokens))
-            self.tokens.append(t)
+            self.tokens.append(int(ids[r]))
             self.parents.append(parent)
-            self.scores.append(base + v)
+            self.scores.append(base + float(values[r]))
+            self.ranks.append((self.ranks[parent] if parent >= 0 else ()) + (r,))
 
     def path(self, node: int) -> list[int]:
         out = []
@@ -68,9 +71,24 @@ class _Tree:
 def grow_trees(runner: ModelRunner, calls: list, seqs: list[CachedSequence], first: list[torch.Tensor],
                shape: TreeShape, eos_token_ids) -> list[Proposal]:
     """Trees for sequences whose history the runner just fed (``first[i]``: its logits, the last row the root's).
-    ``calls[i].num_speculative_tokens`` is the tree's depth."""
+    ``calls[i].num_speculative_tokens`` is the tree's depth (at most a static shape's)."""
     trees = [_Tree() for _ in calls]
     roots = [s.length for s in seqs]
+    static = shape.static
+    top = list(range(shape.top_k))
+
+    def ranks_under(tree: _Tree, node: int) -> list[int]:
+        """The child ranks to add under ``node`` (-1: the root): the static shape's, else the top k."""
+        if static is None:
+            return top
+        path = tree.ranks[node] if node >= 0 else ()
+        return [p[-1] for p in static if len(p) == len(path) + 1 and p[:-1] == path]
+
+    def to_expand(tree: _Tree) -> list[int]:
+        """The last level's candidates to expand: the shape's that have children, else the top k by score."""
+        if static is not None:
+            return [n for n in tree.level if ranks_under(tree, n)]
+        return sorted(tree.level, key=lambda i: (-tree.scores[i], i))[:shape.top_k]
 
     def logprobs(call, tree: _Tree, node: int, row: torch.Tensor) -> torch.Tensor:
         if call.params.has_penalties:  # as the target will process that position (the path counts as generated)
@@ -79,13 +97,14 @@ def grow_trees(runner: ModelRunner, calls: list, seqs: list[CachedSequence], fir
         return torch.log_softmax(row.float(), dim=-1)
 
     for call, tree, lg in zip(calls, trees, first):
-        tree.add_children(-1, logprobs(call, tree, -1, lg[-1]), shape.top_k)
+        tree.add_children(-1, logprobs(call, tree, -1, lg[-1]), ranks_under(tree, -1))
     for depth in range(1, max(c.num_speculative_tokens for c in calls)):
-        rows = [j for j, c in enumerate(calls) if depth < c.num_speculative_tokens and trees[j].level
-                and seqs[j].length + shape.top_k <= runner.max_model_len]
+        expand = {j: to_expand(trees[j]) for j, c in enumerate(calls) if depth < c.num_speculative_tokens}
+        # (a row the pool preempted, this pass or one of another row's, is no longer the runner's: it stops)
+        rows = [j for j, nodes in expand.items() if nodes and runner.sequences.get(seqs[j].sequence_id) is seqs[j]
+                and seqs[j].length + len(nodes) <= runner.max_model_len]
         if not rows:
             break
-        expand = {j: sorted(trees[j].level, key=lambda i: (-trees[j].scores[i], i))[:shape.top_k] for j in rows}
         feeds = []
         for j in rows:
             tree = trees[j]
@@ -101,10 +120,10 @@ def grow_trees(runner: ModelRunner, calls: list, seqs: list[CachedSequence], fir
                 continue
             level = []
             for node, row in zip(expand[j], lg):
-                tree.add_children(node, logprobs(calls[j], tree, node, row), shape.top_k)
+                tree.add_children(node, logprobs(calls[j], tree, node, row), ranks_under(tree, node))
                 level += tree.level
             tree.level = level
     for seq, root in zip(seqs, roots):
         if seq.length > root:  # the fed nodes' entries go: the next round feeds the accepted path
             runner.cache.truncate(seq, root)
-    return [tree.proposal(shape.max_nodes) for tree in trees]
+    return [tree.proposal(shape.max_nodes if static is None else len(tree.tokens)) for tree in trees]

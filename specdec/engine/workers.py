@@ -6,12 +6,13 @@ the offline ``LLM`` calls them directly.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-from specdec.errors import ConfigError, InvalidRequestError, SpecDecError
+from specdec.errors import ConfigError, InvalidRequestError, SequencePreemptedError, SpecDecError
 from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS, Proposal, VerifyResult
 from kernels.dispatch import resolve
 from specdec.rejection import RaggedBatch, race_scores
@@ -27,6 +28,17 @@ from specdec.sampling import SamplingParams, apply_penalties, penalty_context, p
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
 from specdec.config import TreeShape
 from specdec.trees import check_parents, depths, path_to, walk
+
+
+logger = logging.getLogger(__name__)
+_NOTED: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    """Log a fact about how calls are served once per process (not per round)."""
+    if message not in _NOTED:
+        _NOTED.add(message)
+        logger.info(message)
 
 
 def _per_call(calls, prepare):
@@ -61,8 +73,12 @@ class DraftWorker:
         # still lossless: the target's rejection step only needs the q that was sampled from.
         self.top_n = top_n
         # token trees (specdec.engine.tree_drafting): greedy drafting proposes a tree of top-k candidates instead
-        # of a chain (one vocabulary only: a TLI draft's proposals stay chains)
-        self.tree = tree if tli is None else None
+        # of a chain (one vocabulary only: a TLI draft's proposals stay chains; tree passes need the lean forward)
+        self.tree = tree if tli is None and runner.supports_trees else None
+        if tree is not None and self.tree is None:
+            logger.warning("draft: token trees are off, proposals are chains: %s", "a TLI draft's proposals are "
+                           "chains" if tli is not None else "the draft runs transformers' forward (trees need the "
+                           "lean forward)")
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
         result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
@@ -119,6 +135,10 @@ class DraftWorker:
                         results[rows[j][0]] = proposal
                     logits = [lg for j, lg in enumerate(logits) if j not in grown]
                     active = [j for j in active if j not in grown]
+                    for j in active:  # a chain row the trees' passes preempted proposes nothing (resent next round)
+                        if runner.sequences.get(rows[j][2].sequence_id) is not rows[j][2]:
+                            logits[active.index(j)] = SequencePreemptedError(
+                                f"draft: sequence {rows[j][2].sequence_id!r} was preempted")
             # rows the KV pool preempted (they propose what they drafted so far) or whose prompt is prefilled
             # in chunks (UNFINISHED: the batcher runs them again)
             stopped: dict[int, Any] = {}
@@ -201,6 +221,7 @@ class TargetWorker:
                 check_proposal(call.proposal, runner.logits_vocab_size)
                 kept = None  # a tree verified as its first branch: the nodes kept
                 if call.proposal.is_tree and not self._tree_pass(call):
+                    _note_once(f"a token tree is verified as its first branch: {self._why_chain(call)}")
                     proposal, kept = call.proposal.first_branch()
                     call = replace(call, proposal=proposal)
                 seq = runner.get_or_create(call.sequence_id, call.params.seed, call.params.priority)
@@ -251,8 +272,9 @@ class TargetWorker:
                     try:
                         results[i] = with_logprobs(VerifyResult(n, next_token, features=taken_features(
                             seq, call.feature_start, len(call.token_ids) + n) if call.feature_layers else None,
-                            accepted_path=path if path is not None else kept[:n] if kept is not None else None),
-                            call, logits, path)
+                            accepted_path=path), call, logits, path)
+                        if kept is not None:  # a tree verified as its first branch: the path in the tree's nodes
+                            results[i].accepted_path = kept[:n]
                     except SpecDecError as exc:  # one row's error stays with that row
                         results[i] = exc
         return results
@@ -262,6 +284,15 @@ class TargetWorker:
         of what follows one path only (features, prompt scoring, a grammar's rows)."""
         return (self.runner.supports_trees and not call.feature_layers and call.params.prompt_logprobs is None
                 and call.proposal.token_bitmask is None)
+
+    def _why_chain(self, call: VerifyCall) -> str:
+        if not self.runner.supports_trees:
+            return "the target runs transformers' forward (trees need the lean forward)"
+        if call.feature_layers:
+            return "the call asks for EAGLE features (one path)"
+        if call.params.prompt_logprobs is not None:
+            return "the call scores its prompt (prompt_logprobs)"
+        return "a grammar's allowed tokens follow one path"
 
     def _accept(self, calls: list[VerifyCall], seqs: list[CachedSequence], logits: list[torch.Tensor],
                 trees: list[list[int] | None]) -> list[tuple[int, int, list[int] | None]]:

@@ -68,7 +68,9 @@ def test_penalties_logprobs_and_seeds_with_trees_equal_the_target_alone(target_d
 
 
 def test_token_tree_config_is_checked(target_dir):
-    with pytest.raises(ConfigError, match="speculative_token_tree must be one of"):
+    with pytest.raises(ConfigError, match="static speculative_token_tree shapes a draft model's trees"):
         LLM(str(target_dir), speculative_config={**TREE, "speculative_token_tree": "[(0,), (1,)]"})
+    with pytest.raises(ConfigError, match="is not a tree shape"):
+        LLM(str(target_dir), speculative_config={**TREE, "speculative_token_tree": "sometimes"})
     with pytest.raises(ConfigError, match="drafts chains"):
         LLM(str(target_dir), speculative_config={"method": "ngram", "speculative_token_tree": "dynamic"})

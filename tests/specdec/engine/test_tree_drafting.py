@@ -83,3 +83,60 @@ def test_tree_keys_are_checked(target_dir, good_draft_dir):
         LLM(str(target_dir), speculative_config={**base, "speculative_num_draft_tokens": 40})
     with pytest.raises(ConfigError, match="one vocabulary"):
         LLM(str(target_dir), speculative_config={**base, "use_heterogeneous_vocab": True})
+
+
+STATIC = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
+
+
+def test_a_static_shape_is_the_drafts_ranks(good_draft_dir):
+    """vLLM's static speculative_token_tree: node (0, 1) is the draft's second likeliest token after its likeliest."""
+    from specdec.config import parse_token_tree
+
+    lm = load_model(str(good_draft_dir), dtype="float32")
+    runner = ModelRunner(lm, 256, role="draft", enable_prefix_caching=False, quantization="none")
+    worker = DraftWorker(runner, tree=TreeShape(static=parse_token_tree(STATIC)))
+    history = [1, 504, 2830, 6354, 17, 4, 280]
+    proposal = worker.propose("s", history, 3, SamplingParams(temperature=0))
+    assert proposal.parents == [-1, -1, 0, 0, 1, 2]  # (0,) (1,) (0,0) (0,1) (1,0) (0,0,0)
+    assert runner.sequences["s"].length == len(history)
+
+    def top(tokens, r):
+        with torch.inference_mode():
+            return int(lm.model(torch.tensor([tokens])).logits[0, -1].topk(r + 1).indices[r])
+
+    t = proposal.draft_token_ids
+    assert t[0] == top(history, 0) and t[1] == top(history, 1)
+    assert t[2] == top(history + [t[0]], 0) and t[3] == top(history + [t[0]], 1)
+    assert t[4] == top(history + [t[1]], 0) and t[5] == top(history + [t[0], t[2]], 0)
+    # a round of depth 2 (num_speculative_tokens 2) stops at the shape's second level
+    assert len(worker.propose("u", history, 2, SamplingParams(temperature=0)).draft_token_ids) == 5
+
+
+def test_a_static_shape_is_lossless(target_dir, good_draft_dir):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    alone = LLM(str(target_dir), dtype="float32").generate(PROMPTS, params)
+    llm = LLM(str(target_dir), dtype="float32", speculative_config={
+        "model": str(good_draft_dir), "num_speculative_tokens": 3, "speculative_token_tree": STATIC})
+    for a, t in zip(alone, llm.generate(PROMPTS, params)):
+        assert t.outputs[0].token_ids == a.outputs[0].token_ids
+
+
+def test_trees_with_overlap_and_without_the_lean_forward(target_dir, good_draft_dir):
+    """Overlapped drafting never bets on a tree (a lookahead that drafted one is dropped); a draft on transformers'
+    forward drafts chains (tree passes need the lean forward), and says so."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    # the suffix hybrid: a suffix round's chain starts a lookahead, which the model may answer with a tree
+    llm = LLM(str(target_dir), dtype="float32",
+              speculative_config={"method": "suffix", "model": str(good_draft_dir), "num_speculative_tokens": 6,
+                                  "draft_model_num_speculative_tokens": 1, "overlap": True,
+                                  "speculative_token_tree": "dynamic"})
+    repeating = ["x. a b c d. x. a b c d. x. a b c d. x. a b"] + PROMPTS
+    alone = LLM(str(target_dir), dtype="float32").generate(repeating, params)
+    outs = llm.generate(repeating, params) + llm.generate(repeating, params)
+    for a, t in zip(alone + alone, outs):
+        assert t.outputs[0].token_ids == a.outputs[0].token_ids
+    assert sum(o.spec_decode_stats.num_lookaheads for o in outs) > 0  # lookaheads ran (and trees were dropped)
+    lm = load_model(str(good_draft_dir), dtype="float32")
+    worker = DraftWorker(ModelRunner(lm, 256, role="draft", lean_forward=False), tree=TreeShape())
+    assert worker.tree is None
+    assert worker.propose("s", [1, 504, 2830], 2, SamplingParams(temperature=0)).parents is None

@@ -142,6 +142,11 @@ def test_without_the_lean_forward_a_tree_is_verified_as_its_first_branch(target_
     parents, drafts = [-1, -1], [truth[0] + 1, truth[0]]
     result = worker.verify("u", list(PROMPT), Proposal(drafts, parents=parents), params)
     assert result.accepted_path == [] and result.next_token_id == truth[0]
+    # with logprobs: read from the chain's rows, one per emitted token (the path maps back to the tree's nodes)
+    parents, drafts = [-1, -1, 0, 1, 2], [truth[0], 7, truth[1], 8, truth[2]]
+    result = worker.verify("v", list(PROMPT), Proposal(drafts, parents=parents), params.clone(logprobs=2))
+    assert result.accepted_path == [0, 2, 4] and len(result.logprobs) == 4
+    assert [lp.token_id for lp in result.logprobs] == result.emitted(drafts) == truth[:3] + [result.next_token_id]
 
 
 def test_bad_trees_are_refused(target_lm):
