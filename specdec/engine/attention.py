@@ -177,18 +177,17 @@ def _visible_tree(runs: list[tuple[int, int, int]], start: int, n: int, parents:
     (the window counts positions by depth)."""
     end = start + n
     chain, root, new, depth = tree_layout(start, n, parents)
-    allowed = [[False] * end for _ in range(n)]
-    for j in range(chain):
-        pos = start + j
-        for k in range(max(0, pos + 1 - window) if window else 0, pos + 1):
-            allowed[j][k] = True
-    for i in range(new, len(parents)):
-        row, pos = allowed[chain + i - new], root + depth[i]
-        for k in range(max(0, pos + 1 - window) if window else 0, root):
-            row[k] = True
-        for a in path_to(parents, i):
-            row[root + a] = not window or root + depth[a] > pos - window
-    full = torch.tensor(allowed, dtype=torch.bool, device=device)  # [n, end]
+    t = len(parents)
+    # each query's position (a node's: by depth) and each key's (history keys: their own; nodes': by depth)
+    q_pos = torch.tensor(list(range(start, start + chain)) + [root + d for d in depth[new:]], device=device)
+    k_pos = torch.cat([torch.arange(root, device=device), root + torch.tensor(depth, device=device, dtype=torch.long)])
+    full = k_pos[None, :] <= q_pos[:, None]  # [n, end]: causal by position (history keys)
+    if window:
+        full &= k_pos[None, :] > q_pos[:, None] - window
+    ancestor = torch.zeros((t, t), dtype=torch.bool)  # ancestor[i, a]: node a is on node i's path
+    for i in range(t):
+        ancestor[i, path_to(parents, i)] = True
+    full[:, root:] &= torch.cat([torch.zeros((chain, t), dtype=torch.bool), ancestor[new:]]).to(device)
     out = []
     for slot, pos, m in runs:
         mask = full[:, pos: pos + m]
