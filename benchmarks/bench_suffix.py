@@ -165,6 +165,41 @@ def generate(stub, prompt: str, max_tokens: int) -> dict:
             "passes": last.stats.num_target_passes}
 
 
+def start_stacks(es: contextlib.ExitStack, specs: dict, args, fmt, requests: int) -> dict:
+    """Each setup's ``specdec serve`` stack (in this process with ``--in-process``) on ``args.target``, entered on
+    ``es``, and a warmed-up gRPC stub per setup (a "default" spec: serve's default pair with ``args.draft``)."""
+    started = time.perf_counter()
+    stacks, stubs = {}, {}
+    for label, spec in specs.items():
+        if spec == "default":  # serve's default pair (what it runs with no model named), for this target
+            spec = specs[label] = {**default_speculative_config(), "model": args.draft}
+        cfg = dict(model=args.target, host="127.0.0.1", grpc_port=0, port=-1, dtype=args.dtype,
+                   draft_dtype=args.dtype, num_threads=args.threads,
+                   speculative_config=None if spec is None else json.dumps(spec))
+        stacks[label] = es.enter_context(InProcessStack(cfg) if args.in_process else ServedStack(cfg))
+    for label, st in stacks.items():
+        channel = es.enter_context(grpc.insecure_channel(f"127.0.0.1:{st.ports()[0]}"))
+        stubs[label] = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        generate(stubs[label], fmt("Hello!"), 4)  # warm-up (outside every workload)
+    print(f"{len(stacks)} stacks up in {time.perf_counter() - started:.0f} s; {requests} requests x "
+          f"{len(stacks)} setups", file=sys.stderr)
+    return stubs
+
+
+def measure_rotating(stubs: dict, prompts: list[str], max_tokens: int) -> dict:
+    """Every prompt through every setup back to back, the order rotating from prompt to prompt (drift on a shared
+    machine hits every setup alike): (setup, prompt index) -> generate()'s result."""
+    labels, runs = list(stubs), {}
+    started = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        shift = i % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            runs[(label, i)] = generate(stubs[label], prompt, max_tokens)
+        if i % 10 == 9:
+            print(f"{i + 1}/{len(prompts)} requests at {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return runs
+
+
 def aggregate(labels: list[str], runs: dict, workloads: dict[str, list[int]]) -> list[dict]:
     alone = labels[0]
     rows = []
@@ -234,31 +269,10 @@ def main() -> int:
         workloads["mixed"] = workloads["input-grounded"] + workloads["open prose"]
     specs = setups(args)
     labels = list(specs)
-    runs: dict[tuple[str, int], dict] = {}
-    started = time.perf_counter()
     with contextlib.ExitStack() as es:
-        stubs = {}
-        stacks = {}
-        for label, spec in specs.items():
-            if spec == "default":  # serve's default pair (what it runs with no model named), for this target
-                spec = specs[label] = {**default_speculative_config(), "model": args.draft}
-            cfg = dict(model=args.target, host="127.0.0.1", grpc_port=0, port=-1, dtype=args.dtype,
-                       draft_dtype=args.dtype, num_threads=args.threads,
-                       speculative_config=None if spec is None else json.dumps(spec))
-            stacks[label] = es.enter_context(InProcessStack(cfg) if args.in_process else ServedStack(cfg))
-        for label, st in stacks.items():
-            channel = es.enter_context(grpc.insecure_channel(f"127.0.0.1:{st.ports()[0]}"))
-            stubs[label] = generation_service_pb2_grpc.GenerationServiceStub(channel)
-            generate(stubs[label], fmt("Hello!"), 4)  # warm-up (outside every workload)
-        print(f"{len(stacks)} stacks up in {time.perf_counter() - started:.0f} s; {len(prompts)} requests x "
-              f"{len(labels)} setups", file=sys.stderr)
+        stubs = start_stacks(es, specs, args, fmt, len(prompts))
         measure_start = time.perf_counter()
-        for i, prompt in enumerate(prompts):
-            shift = i % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                runs[(label, i)] = generate(stubs[label], prompt, args.max_tokens)
-            if i % 10 == 9:
-                print(f"{i + 1}/{len(prompts)} requests at {time.perf_counter() - measure_start:.0f} s", file=sys.stderr)
+        runs = measure_rotating(stubs, prompts, args.max_tokens)
         measured_s = time.perf_counter() - measure_start
     cpu["load_average_end"] = list(os.getloadavg())
     rows = aggregate(labels, runs, workloads)

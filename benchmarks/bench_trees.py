@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import sys
@@ -41,17 +40,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_drafting import InProcessStack, chat_formatter, load_prompts  # noqa: E402
-from bench_serving import ServedStack  # noqa: E402
-from bench_suffix import aggregate, generate, project_functions  # noqa: E402
+from bench_drafting import chat_formatter, load_prompts  # noqa: E402
+from bench_suffix import aggregate, generate, measure_rotating, project_functions, start_stacks  # noqa: E402
 from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, report_checks,  # noqa: E402
                     smoke_environment, smoke_models, write_json)
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config  # noqa: E402
-from specdec.v1 import generation_service_pb2_grpc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_FILE = ROOT / "specdec" / "assets" / "prompts" / "chat.json"
@@ -163,28 +158,11 @@ def main() -> int:
         prompts += [fmt(m) for m in msgs]
     specs = setups(args)
     labels = list(specs)
-    runs: dict[tuple[str, int], dict] = {}
     concurrency: dict[str, float] = {}
-    started = time.perf_counter()
     with contextlib.ExitStack() as es:
-        stubs = {}
-        for label, spec in specs.items():
-            cfg = dict(model=args.target, host="127.0.0.1", grpc_port=0, port=-1, dtype=args.dtype,
-                       draft_dtype=args.dtype, num_threads=args.threads,
-                       speculative_config=None if spec is None else json.dumps(spec))
-            stack = es.enter_context(InProcessStack(cfg) if args.in_process else ServedStack(cfg))
-            channel = es.enter_context(grpc.insecure_channel(f"127.0.0.1:{stack.ports()[0]}"))
-            stubs[label] = generation_service_pb2_grpc.GenerationServiceStub(channel)
-            generate(stubs[label], fmt("Hello!"), 4)  # warm-up (outside every workload)
-        print(f"{len(stubs)} stacks up in {time.perf_counter() - started:.0f} s; {len(prompts)} requests x "
-              f"{len(labels)} setups", file=sys.stderr)
+        stubs = start_stacks(es, specs, args, fmt, len(prompts))
         measure_start = time.perf_counter()
-        for i, prompt in enumerate(prompts):
-            shift = i % len(labels)
-            for label in labels[shift:] + labels[:shift]:  # back to back, the order rotating
-                runs[(label, i)] = generate(stubs[label], prompt, args.max_tokens)
-            if i % 10 == 9:
-                print(f"{i + 1}/{len(prompts)} requests at {time.perf_counter() - measure_start:.0f} s", file=sys.stderr)
+        runs = measure_rotating(stubs, prompts, args.max_tokens)
         if args.streams:
             batch = [fmt(m) for m in agent_requests(2 * args.streams, seed=2)]
             for label in (labels[1], labels[2], labels[1], labels[2]):  # twice each, alternating

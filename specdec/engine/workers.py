@@ -27,7 +27,7 @@ from specdec.token_mask import apply_token_bitmask
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
 from specdec.config import TreeShape
-from specdec.trees import check_parents, depths, path_to, walk
+from specdec.trees import check_parents, path_to, walk
 
 
 logger = logging.getLogger(__name__)
@@ -316,7 +316,6 @@ class TargetWorker:
         position (greedy: the argmax; coupled seeded: the race's winner with the position's noise; else a draw
         from p), following the child that holds it."""
         params, drafts, first = call.params, call.proposal.draft_token_ids, len(call.token_ids)
-        depth = depths(parents)
         coupled = not params.greedy and self.seeded_sampling == "coupled" and params.couples
         eos = self.runner.lm.eos_token_ids
 
