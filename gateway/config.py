@@ -76,6 +76,14 @@ class GatewayConfig:
         "help": "the order in which waiting sequences get a slot: fcfs (first come, first served) or priority (a "
                 "request's priority field, lower first, then arrival; vLLM's --scheduling-policy)"})
     max_n: int = field(default=16, metadata={"help": "most outputs (n) one request may ask for"})
+    responses_store_max_entries: int = field(default=1024, metadata={
+        "help": "most responses the Responses API keeps for previous_response_id and GET /v1/responses/{id} "
+                "(store: true; in this gateway's memory, least recently used dropped first; 0: keep none)"})
+    responses_store_max_bytes: int = field(default=64 * 1024 * 1024, metadata={
+        "help": "most bytes of stored responses (as JSON; each keeps its whole conversation)"})
+    responses_store_ttl_seconds: float | None = field(default=3600.0, metadata={
+        "help": "a stored response not read or continued for this long is dropped (none: only the bounds drop "
+                "them)"})
     max_request_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest request: HTTP body "
                                                                                   "(past it 413), gRPC message "
                                                                                   "(past it RESOURCE_EXHAUSTED)"})

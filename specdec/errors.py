@@ -128,6 +128,16 @@ class AuthenticationError(SpecDecError):
     openai_code = "invalid_api_key"
 
 
+class ResponseNotFoundError(SpecDecError, LookupError):
+    """A stored response (the Responses API's ``previous_response_id``, ``GET /v1/responses/{id}``) that
+    this gateway does not hold for the caller: never stored, expired, evicted, or another key's."""
+
+    grpc_code = "NOT_FOUND"
+    http_status = 404
+    openai_type = "invalid_request_error"
+    openai_code = "response_not_found"
+
+
 # Every domain error class, most specific first where a gRPC code is shared: the first class with a
 # code is what a bare status code (no class named in the trailing metadata) turns back into.
 DOMAIN_ERRORS: tuple[type[SpecDecError], ...] = (
@@ -141,6 +151,7 @@ DOMAIN_ERRORS: tuple[type[SpecDecError], ...] = (
     ConfigError,
     DeadlineExceededError,
     AuthenticationError,
+    ResponseNotFoundError,
 )
 _BY_NAME = {cls.__name__: cls for cls in DOMAIN_ERRORS}
 _ROWS = frozenset(DOMAIN_ERRORS)

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI), and uvicorn serving it in the gateway's process.
 
-Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize,
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/responses (with GET and
+DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items), POST /tokenize, POST /detokenize,
 GET /health, GET /ready, GET /version, GET /metrics (Prometheus). With API keys, every /v1/ route (and
 /tokenize, /detokenize) wants ``Authorization: Bearer <key>``
 with one of them (checked in constant time); the other routes stay open. Errors use
@@ -26,7 +27,10 @@ import specdec
 from gateway.generation import Gateway
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, domain_error_response, error_response
 from gateway.openai.serving_chat import OpenAIServingChat
+from gateway.openai.response_store import ResponseStore
+from gateway.openai.responses_items import ResponsesRequest
 from gateway.openai.serving_completion import OpenAIServingCompletion
+from gateway.openai.serving_responses import OpenAIServingResponses
 from gateway.openai.serving_tokenization import DetokenizeRequest, OpenAIServingTokenization, TokenizeRequest
 from specdec.errors import AuthenticationError, SpecDecError
 from specdec.serving.auth import MISSING_OR_WRONG, ApiKeys
@@ -49,6 +53,10 @@ def create_app(gateway: Gateway, api_key: ApiKeys | str | list[str] | None = Non
     completion = OpenAIServingCompletion(gateway, model_name, request_timeout)
     chat = OpenAIServingChat(gateway, model_name, request_timeout)
     tokenization = OpenAIServingTokenization(gateway, model_name, request_timeout)
+    config = gateway.config
+    responses = OpenAIServingResponses(gateway, model_name, request_timeout, ResponseStore(
+        config.responses_store_max_entries, config.responses_store_max_bytes, config.responses_store_ttl_seconds,
+        model_name))
 
     max_body = gateway.config.max_request_body_bytes
 
@@ -109,6 +117,22 @@ def create_app(gateway: Gateway, api_key: ApiKeys | str | list[str] | None = Non
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await chat.create_chat_completion(body, request)
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, request: Request):
+        return await responses.create_response(body, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request):
+        return responses.get(request, response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def response_input_items(response_id: str, request: Request):
+        return responses.input_items(request, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request):
+        return responses.delete(request, response_id)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

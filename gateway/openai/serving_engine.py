@@ -39,7 +39,7 @@ class OpenAIServing:
                              stop_token_ids=body.stop_token_ids, logit_bias=body.logit_bias)  # the one table
         if body.best_of is not None and body.best_of != body.n:
             raise InvalidRequestError("best_of is not supported (only best_of equal to n, or unset)", param="best_of")
-        if getattr(body, "top_logprobs", None) is not None and not body.logprobs:
+        if getattr(body, "top_logprobs", None) is not None and getattr(body, "logprobs", None) is False:
             raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
 
     def new_sequence(self, ids: list[int], params: SamplingParams, index: int, priority: int = 0) -> SequenceState:

@@ -97,6 +97,7 @@ class ToolPlan:
     tools: list[dict]  # the request's tools (OpenAI's {"type": "function", "function": {...}})
     choice: str  # "none" | "auto" | "required" | "named"
     named: str | None = None  # the function of a named tool_choice
+    parallel: bool = True  # parallel_tool_calls: false allows one call per reply
 
     @property
     def names(self) -> list[str]:
@@ -109,9 +110,10 @@ class ToolPlan:
             calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [n]},
                                                        "parameters": self._parameters(n)},
                       "required": ["name", "parameters"]} for n in self.names]
-            return StructuredOutputsParams(json={"type": "array", "minItems": 1,
-                                                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls}},
-                                           param="tool_choice")
+            array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+            if not self.parallel:
+                array["maxItems"] = 1
+            return StructuredOutputsParams(json=array, param="tool_choice")
         return None
 
     def _parameters(self, name: str) -> dict:
@@ -129,6 +131,8 @@ class ToolPlan:
             return None
         if self.choice == "auto" and any(name not in self.names for name, _ in found):
             return None  # JSON that names no tool of this request is an answer, not a call
+        if not self.parallel:  # one call per reply: the next turn may call again
+            found = found[:1]
         return [tool_call(name, args) for name, args in found]
 
 
@@ -189,6 +193,9 @@ def tool_plan(body_extra: dict) -> ToolPlan | None:
             raise InvalidRequestError(f"tools[{i}].function.parameters must be a JSON schema (an object)",
                                       param=f"tools.{i}.function.parameters")
     names = [t["function"]["name"] for t in tools]
+    parallel = True if body_extra.get("parallel_tool_calls") is None else body_extra["parallel_tool_calls"]
+    if not isinstance(parallel, bool):
+        raise InvalidRequestError("parallel_tool_calls must be true or false", param="parallel_tool_calls")
     if choice is None:
         choice = "auto"
     if isinstance(choice, dict):
@@ -196,11 +203,11 @@ def tool_plan(body_extra: dict) -> ToolPlan | None:
         if name not in names:
             raise InvalidRequestError(f"tool_choice names function {name!r}, which is not among tools {names}",
                                       param="tool_choice")
-        return ToolPlan(tools, "named", name)
+        return ToolPlan(tools, "named", name, parallel)
     if choice not in ("none", "auto", "required"):
         raise InvalidRequestError("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                                   "\"function\": {\"name\": ...}}", param="tool_choice")
-    return ToolPlan(tools, choice)
+    return ToolPlan(tools, choice, parallel=parallel)
 
 
 def tools_prompt(tools: list[dict]) -> str:

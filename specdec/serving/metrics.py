@@ -114,6 +114,13 @@ SUFFIX_CACHE_EVICTIONS = Gauge("specdec_suffix_cache_evicted_requests", "Sequenc
                                "suffix-decoding global tree since start (oldest first).", LABELS)
 SEQUENCES_EXPIRED = Counter("specdec_sequences_expired", "Idle sequences released by the expiry "
                             "(sequence_ttl_seconds).", LABELS)
+RESPONSES_STORED = Gauge("specdec_responses_stored", "Responses the gateway's Responses API store holds "
+                         "(store: true; bounded by --responses-store-max-entries).", LABELS)
+RESPONSES_STORED_BYTES = Gauge("specdec_responses_stored_bytes", "Bytes of the stored responses, as JSON (bounded by "
+                               "--responses-store-max-bytes).", LABELS)
+RESPONSES_EVICTED = Counter("specdec_responses_evicted", "Stored responses dropped before a DELETE, by reason: entries "
+                            "or bytes (the store's bounds, least recently used first) or expired "
+                            "(--responses-store-ttl-seconds).", LABELS + ("reason",))
 CACHE_MISSES = Counter("specdec_cache_misses", "Calls a service answered NOT_FOUND (it did not hold the history "
                        "the call builds on): the gateway resends.", LABELS)
 
@@ -413,6 +420,15 @@ def structured_output_finished(model_name: str, kind: str, forced_tokens: int, i
     STRUCTURED_REQUESTS.labels(*labels, kind).inc()
     STRUCTURED_FORCED_TOKENS.labels(*labels).inc(forced_tokens)
     STRUCTURED_INVALID_DRAFTS.labels(*labels).inc(invalid_drafts)
+
+
+def response_store_changed(model_name: str, entries: int, nbytes: int) -> None:
+    RESPONSES_STORED.labels("gateway", model_name).set(entries)
+    RESPONSES_STORED_BYTES.labels("gateway", model_name).set(nbytes)
+
+
+def response_store_evicted(model_name: str, reason: str) -> None:
+    RESPONSES_EVICTED.labels("gateway", model_name, reason).inc()
 
 
 def request_error(model_name: str, protocol: str, code: str | int) -> None:
