@@ -216,8 +216,8 @@ def text_grammar(text: dict | None) -> StructuredOutputsParams | None:
 
 
 def grammar_of(body: ResponsesRequest, plan: ToolPlan | None) -> StructuredOutputsParams | None:
-    """The one grammar of the request: text.format's or the tools' (both at once: a 400)."""
+    """The one grammar of the request. A tool_choice that forces calls (a named function, required) makes
+    the output calls, so it constrains this turn; text.format constrains a text answer (OpenAI's reading:
+    an agent with an output type forces a call first, then answers in that format)."""
     text, tools = text_grammar(body.text), plan.grammar() if plan else None
-    if text is not None and tools is not None:
-        raise InvalidRequestError("text.format and tool_choice both constrain the output; send one", param="text.format")
-    return text or tools
+    return tools or text

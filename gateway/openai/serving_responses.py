@@ -55,7 +55,10 @@ class OpenAIServingResponses(OpenAIServingChat):
         try:
             seq = self.new_sequence(ids, params, 0, body.priority)
         except InvalidRequestError as exc:  # name the field the request used
-            exc.param = {"max_tokens": "max_output_tokens", "prompt": "input"}.get(exc.param, exc.param)
+            if exc.param == "max_tokens":
+                raise InvalidRequestError(str(exc).replace("max_tokens", "max_output_tokens"),
+                                          param="max_output_tokens") from None
+            exc.param = "input" if exc.param == "prompt" else exc.param
             raise
         draft = Draft(self, body, owner, earlier + items, seq, plan)
         if body.stream:

@@ -207,8 +207,6 @@ def test_store_false_keeps_nothing(client, model):
     ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": "{"}}}, "text.format.schema", "object"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "nope"),
-    ({"tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "text.format",
-     "both constrain"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice", "function"),
     ({"background": True}, "background", "not supported"),
     ({"n": 2}, "n", "one output"),
