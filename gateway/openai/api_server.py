@@ -56,7 +56,7 @@ def create_app(gateway: Gateway, api_key: ApiKeys | str | list[str] | None = Non
     config = gateway.config
     responses = OpenAIServingResponses(gateway, model_name, request_timeout, ResponseStore(
         config.responses_store_max_entries, config.responses_store_max_bytes, config.responses_store_ttl_seconds,
-        model_name))
+        model_name), per_key=bool(keys))
 
     max_body = gateway.config.max_request_body_bytes
 

@@ -36,15 +36,21 @@ _FAILED_CODE = {429: "rate_limit_exceeded", 400: "invalid_prompt"}
 
 
 class OpenAIServingResponses(OpenAIServingChat):
-    def __init__(self, gateway, model_name: str, request_timeout: float | None, store: ResponseStore):
+    def __init__(self, gateway, model_name: str, request_timeout: float | None, store: ResponseStore,
+                 per_key: bool = False):
+        """``per_key``: the server checks API keys, so each key's responses are its own (else all are shared)."""
         super().__init__(gateway, model_name, request_timeout)
         self.store = store
+        self.per_key = per_key
+
+    def owner(self, request: Request) -> str:
+        return owner_of(request.headers.get("authorization")) if self.per_key else ""
 
     async def create_response(self, body: ResponsesRequest, request: Request):
         """The response object (a dict), or its event stream when ``stream`` is set."""
         self.check_request(body)
         body.check()
-        owner = owner_of(request.headers.get("authorization"))
+        owner = self.owner(request)
         earlier = []
         if body.previous_response_id is not None:
             earlier = self.store.get(owner, body.previous_response_id, param="previous_response_id").items
@@ -81,16 +87,16 @@ class OpenAIServingResponses(OpenAIServingChat):
             dropped += 1
 
     def get(self, request: Request, response_id: str) -> dict:
-        return self.store.get(owner_of(request.headers.get("authorization")), response_id, param="response_id").response
+        return self.store.get(self.owner(request), response_id, param="response_id").response
 
     def input_items(self, request: Request, response_id: str) -> dict:
-        entry = self.store.get(owner_of(request.headers.get("authorization")), response_id, param="response_id")
+        entry = self.store.get(self.owner(request), response_id, param="response_id")
         data = list(reversed(entry.items[:entry.input_count]))  # OpenAI's default order: newest first
         return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None, "has_more": False}
 
     def delete(self, request: Request, response_id: str) -> dict:
-        self.store.delete(owner_of(request.headers.get("authorization")), response_id)
+        self.store.delete(self.owner(request), response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
 

@@ -50,6 +50,28 @@ chat_body = st.fixed_dictionaries(
     optional={name: _field(name) for name in small_valid if name not in ("echo",)} | {"max_completion_tokens": junk},
 )
 
+item = st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "input_image"]) | junk,
+    "role": st.sampled_from(["user", "system", "developer", "assistant", "tool"]) | junk,
+    "content": text | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text",
+                                                                                 "input_image"]) | junk,
+                                                       "text": text | junk}), max_size=2) | junk,
+    "call_id": text | junk, "name": text | junk, "arguments": text | junk, "output": text | junk})
+tool = st.fixed_dictionaries({"type": st.sampled_from(["function", "web_search_preview", "file_search"]) | junk},
+                             optional={"name": text | junk, "parameters": st.just({"type": "object"}) | junk})
+responses_body = st.fixed_dictionaries(
+    {"input": text | st.lists(item, max_size=3) | junk},
+    optional={"instructions": text | junk, "max_output_tokens": st.integers(1, 4) | junk,
+              "temperature": st.sampled_from([0, 1.0]) | junk, "tools": st.lists(tool, max_size=2) | junk,
+              "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "name": "f"}]) | junk,
+              "parallel_tool_calls": st.booleans() | junk, "stream": st.booleans(), "store": st.booleans() | junk,
+              "previous_response_id": text | junk, "include": st.lists(text, max_size=2) | junk,
+              "text": st.fixed_dictionaries({"format": st.fixed_dictionaries({"type": st.sampled_from(
+                  ["text", "json_object", "json_schema"]) | junk}, optional={"schema": st.just({"type": "object"})
+                                                                              | junk})}) | junk,
+              "truncation": st.sampled_from(["auto", "disabled"]) | junk, "reasoning": junk, "metadata": junk,
+              "seed": st.integers(0, 9) | junk})
+
 
 @pytest.fixture(scope="module")
 def stack(servers, target_dir, good_draft_dir):
@@ -124,6 +146,33 @@ def test_http_fuzz_never_5xx_and_keeps_serving(stack, target_dir):
     assert _reference(client, target_dir) == reference
 
 
+@pytest.mark.heavy
+def test_responses_fuzz_never_5xx_and_keeps_serving(stack, target_dir):
+    """/v1/responses: items, tools, formats and ids of every shape; streamed bodies are read to their end."""
+    _, client, _ = stack
+    reference = _reference(client, target_dir)
+    seen = set()
+
+    @FUZZ
+    @given(body=responses_body)
+    @example(body={"input": "Hello", "max_output_tokens": 2, "temperature": 0})
+    @example(body={"input": [{"role": "user", "content": "hi"}], "max_output_tokens": 2, "stream": True})
+    def one(body):
+        response = _post(client, "/v1/responses", body)
+        seen.add(response.status_code)
+        assert response.status_code < 500, (body, response.status_code, response.text[:500])
+        if response.status_code >= 400:
+            err = response.json()["error"]
+            assert err["message"] and "Traceback" not in err["message"]
+        elif body.get("stream") is True:
+            assert "event: response.completed" in response.text or "event: response.incomplete" in response.text, \
+                response.text[-500:]
+
+    one()
+    assert 200 in seen and 400 in seen, seen
+    assert _reference(client, target_dir) == reference
+
+
 def _raw(field_and_value: str) -> bytes:
     return ('{"model": null, "max_tokens": 2, "temperature": 0, ' + field_and_value + "}").encode()
 
@@ -145,6 +194,10 @@ STRUCTURED = [
     ("/v1/chat/completions", _raw(CHAT + ', "user": "\\udfff"'), "user"),
     ("/v1/chat/completions", _raw(CHAT + ', "logit_bias": {"\\udfff": 1}'), "logit_bias"),
     ("/tokenize", b'{"prompt": "\\ud800"}', "prompt"),
+    ("/v1/responses", _raw('"input": "\\ud800"'), "input"),
+    ("/v1/responses", _raw('"input": [{"role": "user", "content": [{"type": "input_text", "text": "\\udc00"}]}]'),
+     "input.0.content.0.text"),
+    ("/v1/responses", _raw('"input": "ok", "instructions": "\\udfff"'), "instructions"),
     ("/v1/completions", _raw('"prompt": "a\\u0000b", "stop": ["\\u0000"]'), None),  # NUL is valid text
     ("/v1/chat/completions", _raw('"messages": [{"role": "user", "content": "\\u0000"}], "stop": "\\u0000"'), None),
     ("/v1/completions", _raw('"prompt": "ok", "temperature": 1e308'), "temperature"),

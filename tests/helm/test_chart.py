@@ -75,8 +75,10 @@ EVERY_CONFIG = {
                            "startup_timeout_seconds": 900, "max_concurrent_requests": 128, "log_requests": True,
                            "max_queue_len": 64, "max_queue_time_seconds": 30, "max_n": 4,
                            "max_request_body_bytes": 1048576, "draft_fallback": False, "draft_timeout_ms": 2500,
-                           "draft_breaker_failures": 5, "draft_breaker_reset_seconds": 10},
-                "readinessPath": "/health"},
+                           "draft_breaker_failures": 5, "draft_breaker_reset_seconds": 10,
+                           "responses_store_max_entries": 256, "responses_store_max_bytes": 16777216,
+                           "responses_store_ttl_seconds": 600},
+                "readinessPath": "/health", "service": {"sessionAffinity": "ClientIP"}},
     "draft": {"config": {"dtype": "bfloat16", "device": "cpu", "max_sequences": 512, "sequence_ttl_seconds": 300,
                          "max_batch_size": 32, "batch_wait_ms": 5, "num_threads": 3, "draft_top_n": 128,
                          "lean_forward": False, "kv_cache_memory": 536870912, "block_size": 32,
@@ -327,6 +329,9 @@ def test_services_select_exactly_their_pods(case):
         if component(service) == "gateway":
             assert service["spec"].get("clusterIP") != "None"
             assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc"}
+            # the Responses API's store lives in each pod: affinity only where the values ask for it
+            affinity = CASES[case].get("gateway", {}).get("service", {}).get("sessionAffinity", "None")
+            assert service["spec"]["sessionAffinity"] == affinity
         else:
             assert service["spec"]["clusterIP"] == "None", "backends need a headless Service"
             assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
