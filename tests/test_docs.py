@@ -303,7 +303,7 @@ def test_parse_blocks(block: Block, monkeypatch):
 
 @pytest.mark.parametrize("block", _of("fragment"))
 def test_fragments_compile(block: Block):
-    compile(block.code, block.id, "exec")
+    compile(block.code, block.id, "exec", dont_inherit=True)
 
 
 # -- run: against a tiny served stack, or offline ------------------------------------------------
@@ -351,7 +351,9 @@ def test_run_blocks(block: Block, request, tmp_path, shell_env, monkeypatch):
         monkeypatch.chdir(tmp_path)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(code, block.id, "exec"), {"__name__": "__readme__"})
+            # as a script runs it: without this module's ``from __future__ import annotations`` (under which a
+            # pydantic model of the snippet's could not resolve its annotations)
+            exec(compile(code, block.id, "exec", dont_inherit=True), {"__name__": "__readme__"})
         assert out.getvalue().strip(), f"{block.id} printed nothing"
         return
     if "openssl" in block.code and shutil.which("openssl") is None:

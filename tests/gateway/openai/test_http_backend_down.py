@@ -65,6 +65,7 @@ def test_backend_down_is_503(servers, down_stack, target_dir):
             "completions": lambda: client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=4),
             "chat": lambda: client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                                            max_tokens=4),
+            "responses": lambda: client.responses.create(model=model, input="hi", max_output_tokens=4),
         }
         for name, call in calls.items():
             exc = _fails_fast(call)
@@ -89,6 +90,20 @@ def test_backend_down_is_503(servers, down_stack, target_dir):
                 assert events[-1] == "[DONE]"
                 errors = [json.loads(e)["error"] for e in events[:-1] if "error" in json.loads(e)]
                 assert len(errors) == 1 and errors[0]["code"] == "backend_unavailable", events
+            else:
+                r.read()
+                assert_error_body(r, 503, code="backend_unavailable")
+        assert time.monotonic() - start < FAST
+
+        # a Responses stream ends with an error event, then response.failed (or is a 503 before it starts)
+        body = {"model": model, "input": "hi", "max_output_tokens": 4, "stream": True}
+        start = time.monotonic()
+        with raw.stream("POST", "/v1/responses", json=body) as r:
+            if r.status_code == 200:
+                kinds = [json.loads(line[len("data: "):])["type"] for line in r.iter_lines()
+                         if line.startswith("data: ")]
+                assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-2:] == [
+                    "error", "response.failed"], kinds
             else:
                 r.read()
                 assert_error_body(r, 503, code="backend_unavailable")

@@ -45,7 +45,8 @@ def test_the_store_stays_bounded_under_many_requests(keyed_stack, target_dir):
         for rid in ids[-MAX_ENTRIES:]:
             assert raw.get(f"/v1/responses/{rid}").json()["id"] == rid
         metrics = raw.get("/metrics").text
-    stored = [line for line in metrics.splitlines() if line.startswith("specdec_responses_stored{")]
+    stored = [line for line in metrics.splitlines()  # (other stacks of this test process have their own series)
+              if line.startswith("specdec_responses_stored{") and f'model_name="{model}"' in line]
     assert stored and float(stored[0].split()[-1]) == MAX_ENTRIES, stored
     assert 'specdec_responses_evicted_total{' in metrics and 'reason="entries"' in metrics
 
