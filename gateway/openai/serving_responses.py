@@ -56,7 +56,11 @@ class OpenAIServingResponses(OpenAIServingChat):
             earlier = self.store.get(owner, body.previous_response_id, param="previous_response_id").items
         items = canonical_items(body.input)
         plan = plan_of(body)
-        ids = self.fit_prompt(body, earlier + items, plan)
+        try:
+            ids = self.fit_prompt(body, earlier + items, plan)
+        except InvalidRequestError as exc:  # the chat template's refusal names chat's field
+            exc.param = "input" if exc.param == "messages" else exc.param
+            raise
         params = body.to_sampling_params(body.max_output_tokens, grammar_of(body, plan))
         try:
             seq = self.new_sequence(ids, params, 0, body.priority)
