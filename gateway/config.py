@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from specdec.config import spec_default
+from specdec.config import SpeculativeConfig, spec_default
 from specdec.errors import ConfigError
 from specdec.serving.tls import check_ca_file, check_key_pair, server_tls_field
 
@@ -44,6 +45,10 @@ class GatewayConfig:
                                                                      "(blank lines and '#' comments ignored)"})
     served_model_name: str | None = field(default=None, metadata={"help": "model id of /v1/models (default: the target's name)"})
     request_timeout_seconds: float | None = field(default=None, metadata={"help": "deadline of an HTTP request (none: no limit)"})
+    speculative_config: str | None = field(default=None, metadata={
+        "help": "the same JSON as specdec serve's --speculative-config (one config for the three parts): the gateway "
+                "takes num_speculative_tokens, draft_sample_method, use_heterogeneous_vocab, disable_by_batch_size, "
+                "adaptive_k, overlap and max_model_len from it and checks the rest (the draft service's keys)"})
     num_speculative_tokens: int = field(default=spec_default("num_speculative_tokens"), metadata={"help": "k, drafts per round"})
     draft_sample_method: str = field(default=spec_default("draft_sample_method"), metadata={"help": "greedy or probabilistic"})
     use_heterogeneous_vocab: bool = field(default=spec_default("use_heterogeneous_vocab"), metadata={"help": "allow a draft with another tokenizer (TLI)"})
@@ -132,6 +137,33 @@ class GatewayConfig:
         "parse": parse_cert_reqs, "metavar": "{0,1,2}",
         "help": "client certificates on the HTTPS port, as Python's ssl.CERT_*: 0 none, 1 optional (checked when "
                 "sent), 2 required (a client without one signed by --ssl-ca-certs fails the handshake)"})
+
+
+# GatewayConfig field -> the speculative_config key it is (specdec serve and --speculative-config fill them)
+SPEC_KEYS = {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",
+             "use_heterogeneous_vocab": "use_heterogeneous_vocab", "disable_by_batch_size": "disable_by_batch_size",
+             "adaptive_k": "adaptive_k", "overlap": "overlap", "max_model_len": "max_model_len"}
+
+
+def with_speculative_config(config: GatewayConfig) -> GatewayConfig:
+    """``config`` with the gateway's keys of ``--speculative-config`` applied (the whole config is checked, as
+    serve checks it). A flag set to another value than the config's is a ConfigError naming both."""
+    if not config.speculative_config:
+        return config
+    spec = SpeculativeConfig.from_any(config.speculative_config)
+    defaults = GatewayConfig()
+    values = {}
+    for name, key in SPEC_KEYS.items():
+        value, own = getattr(spec, key), getattr(config, name)
+        if name == "max_model_len":
+            if value is None:
+                continue
+            value = min(value, own) if own is not None else value  # the shorter of the two contexts
+        elif own != getattr(defaults, name) and own != value:
+            raise ConfigError(f"--{name.replace('_', '-')} {own!r} and --speculative-config's {key} {value!r} "
+                              "disagree; give one of them")
+        values[name] = value
+    return dataclasses.replace(config, **values)
 
 
 def https_settings(config: GatewayConfig) -> dict:

@@ -6,7 +6,7 @@ import json
 
 import grpc
 
-from gateway.config import GatewayConfig, https_settings
+from gateway.config import GatewayConfig, https_settings, with_speculative_config
 from gateway.generation import Gateway, deadline_from_timeout
 from gateway.limits import check_request_limits
 from specdec.errors import InvalidRequestError
@@ -150,6 +150,7 @@ def create_server(config: GatewayConfig, gateway: Gateway | None = None) -> Serv
 
     With API keys, GenerationService (not health, not reflection) needs ``authorization: Bearer <key>``
     metadata, as /v1/* needs the header. TLS files are checked before the backends are contacted."""
+    config = with_speculative_config(config)
     keys = ApiKeys.load(config.api_key, config.api_key_file)
     credentials = server_credentials_from(config)
     https = https_settings(config)

@@ -46,6 +46,15 @@ def _suffix_tree_class():
     return SuffixTree
 
 
+def suffix_available() -> tuple[bool, str]:
+    """(True, "") where ArcticInference's suffix tree imports here, else (False, what to install)."""
+    try:
+        _suffix_tree_class()
+    except ConfigError as exc:
+        return False, str(exc)
+    return True, ""
+
+
 class SuffixCache:
     """The global tree (outputs of earlier sequences, FIFO-bounded) and the factory of per-sequence
     indexes. Not thread-safe by itself: callers hold their store's lock (as for every runner)."""

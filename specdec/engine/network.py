@@ -63,8 +63,10 @@ def build_network(lm: LoadedModel, role: str, lean_forward: bool | None, batch_i
     if not requested:  # the default: a CPU target's (a draft's numerics never change the output)
         batch_invariant = lm.device.type == "cpu" and role == "target"
     why_not = batch_invariance_unavailable(lm, lean_forward) if batch_invariant else None
-    if why_not:  # a warning where asked for; by default (a model the lean forward cannot run) a note
-        logger.log(logging.WARNING if requested else logging.INFO,
+    if why_not:  # a warning where asked for or where the kernel is missing (a C compiler); a note for a model
+        # the lean forward cannot run (its own log line says so)
+        missing_kernel = not why_not.startswith("the lean forward")
+        logger.log(logging.WARNING if requested or missing_kernel else logging.INFO,
                    "%s %s: batch-invariant passes are unavailable (%s); a position's logits may differ in the "
                    "last bits with the shape of the pass", role, lm.name, why_not)
     batch_invariant = bool(batch_invariant and not why_not)

@@ -32,6 +32,9 @@ def resolve_speculative_config(cfg: ServeConfig) -> SpeculativeConfig | None:
         if default is None:
             logger.warning("no embedded default draft is shipped: serving the target alone")
         return SpeculativeConfig.from_any(default)
+    logger.warning("no --speculative-config: serving %s alone, speculation is off (give --speculative-config "
+                   "'{\"method\": ..., \"num_speculative_tokens\": k}'; without a model, serve runs the embedded "
+                   "default pair)", cfg.model)
     return None
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draft_service.config import DraftServiceConfig
-from gateway.config import GatewayConfig
+from gateway.config import SPEC_KEYS as GATEWAY_SPEC_KEYS, GatewayConfig
 from specdec.config import DEFAULT_HTTP_PORT, DRAFT_KEYS, FEATURE_METHODS, SpeculativeConfig
 from specdec.serving.backend import DEFAULT_QUANTIZATION, BackendConfig
 from target_service.config import TargetServiceConfig
@@ -53,9 +53,7 @@ SPEC_KEYS: dict[str, dict[str, str]] = {
               "target_tokenizer": "use_heterogeneous_vocab", "target_model": "method", "quantization": "quantization",
               "draft_model_num_speculative_tokens": "draft_model_num_speculative_tokens",
               **{key: key for key in DRAFT_KEYS}},
-    "gateway": {"num_speculative_tokens": "num_speculative_tokens", "draft_sample_method": "draft_sample_method",
-                "use_heterogeneous_vocab": "use_heterogeneous_vocab", "disable_by_batch_size": "disable_by_batch_size",
-                "adaptive_k": "adaptive_k", "overlap": "overlap", "max_model_len": "max_model_len"},
+    "gateway": GATEWAY_SPEC_KEYS,
     "target": {"max_model_len": "max_model_len"},
 }
 # part -> field -> why serve sets it itself.
@@ -70,7 +68,8 @@ WIRED: dict[str, dict[str, str]] = {
     "draft": {"host": _LOOPBACK, "port": _LOOPBACK, "metrics_port": _ONE_METRICS, "tls_cert_file": _PLAIN,
               "tls_key_file": _PLAIN, "tls_client_ca_file": _PLAIN, "drain_grace_seconds": _ONE_DRAIN,
               "batch_invariant": "off: the draft's numerics never change the output (--batch-invariant is the target's)"},
-    "gateway": {"draft_addr": _LOOPBACK, "target_addr": _LOOPBACK, "backend_tls_ca_file": _PLAIN,
+    "gateway": {"speculative_config": "serve reads --speculative-config once and gives each part its keys",
+                "draft_addr": _LOOPBACK, "target_addr": _LOOPBACK, "backend_tls_ca_file": _PLAIN,
                 "backend_tls_cert_file": _PLAIN, "backend_tls_key_file": _PLAIN, "backend_tls_server_name": _PLAIN},
 }
 PARTS: dict[str, type] = {"target": TargetServiceConfig, "draft": DraftServiceConfig, "gateway": GatewayConfig}

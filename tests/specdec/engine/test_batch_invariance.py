@@ -107,3 +107,18 @@ def test_on_cuda_through_the_triton_kernels(target_dir, dtype):
     alone = _alone(lm, True)
     for n, batch, place in [(1, 1, 0), (5, 3, 1), (8, 8, 7)]:
         assert torch.equal(_in_company(lm, True, n, batch, place), alone), (n, batch)
+
+
+def test_a_missing_c_compiler_is_a_warning_by_default(target_dir, caplog, monkeypatch):
+    """A CPU target is batch-invariant by default; where the C kernel cannot be built, it serves all the same and
+    warns (its greedy output is then exact only up to near-ties: docs/exactness.md)."""
+    import logging
+
+    import kernels.cpu_attention
+
+    monkeypatch.setattr(kernels.cpu_attention, "available", lambda: (False, "no C compiler found (set CC)"))
+    with caplog.at_level(logging.WARNING, logger="specdec.engine.network"):
+        runner = ModelRunner(load_model(str(target_dir), dtype="float32"), 64, role="target")
+    assert not runner.batch_invariant
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "unavailable" in r.getMessage()]
+    assert warned and "no C compiler found" in warned[0].getMessage()

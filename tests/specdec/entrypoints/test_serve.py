@@ -41,8 +41,12 @@ def test_speculative_config_json():
                                     max_model_len=128)
 
 
-def test_no_speculative_config_serves_the_target_alone():
-    assert _resolve(model="t") is None
+def test_no_speculative_config_serves_the_target_alone_and_says_so(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="specdec.entrypoints.serve"):
+        assert _resolve(model="t") is None
+    assert "serving t alone, speculation is off" in caplog.text
 
 
 def test_no_target_uses_the_embedded_default_pair():
