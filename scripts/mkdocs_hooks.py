@@ -1,7 +1,9 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): pages whose text the code writes at build time.
 
 ``<!-- metrics-reference -->`` in a page becomes the table of every ``specdec_`` metric the services register
-(:mod:`specdec.serving.metrics_reference`), so the reference is rebuilt from the code on every build."""
+(:mod:`specdec.serving.metrics_reference`), ``<!-- cli-reference -->`` every subcommand's flags and
+``<!-- env-reference -->`` every environment variable (:mod:`specdec.entrypoints.cli_reference`), so the
+references are rebuilt from the code on every build."""
 
 from __future__ import annotations
 
@@ -11,11 +13,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, also when specdec is not installed
 
 MARKER = "<!-- metrics-reference -->"
+CLI_MARKER = "<!-- cli-reference -->"
+ENV_MARKER = "<!-- env-reference -->"
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs' hook signature
-    if MARKER not in markdown:
-        return markdown
-    from specdec.serving.metrics_reference import markdown as table
+    if MARKER in markdown:
+        from specdec.serving.metrics_reference import markdown as table
 
-    return markdown.replace(MARKER, table())
+        markdown = markdown.replace(MARKER, table())
+    if CLI_MARKER in markdown or ENV_MARKER in markdown:
+        from specdec.entrypoints.cli_reference import cli_markdown, env_markdown
+
+        markdown = markdown.replace(CLI_MARKER, cli_markdown()).replace(ENV_MARKER, env_markdown())
+    return markdown

@@ -166,12 +166,37 @@ def test_the_site_builds_strictly(tmp_path):
     names = [m.name for m in metric_docs()]
     assert len(names) > 30 and all(name in page for name in names), "the metrics reference misses a series"
     assert "<!-- metrics-reference -->" not in page, "the hook did not fill the reference in"
+    _check_cli_reference(tmp_path / "site")
     for html in ("index.html", "getting-started/index.html", "performance/index.html"):
         assert (tmp_path / "site" / html).is_file(), html
     performance = (tmp_path / "site" / "performance" / "index.html").read_text()
     for plot in ("throughput-vs-concurrency.png", "specdec-bench.png"):  # the benchmarks' own plots
         assert f"assets/plots/{plot}" in performance, plot
         assert (tmp_path / "site" / "assets" / "plots" / plot).read_bytes().startswith(b"\x89PNG"), plot
+
+
+def _check_cli_reference(site: Path) -> None:
+    """The built CLI and environment pages name every subcommand, every flag and every variable the parsers
+    have (specdec.entrypoints.cli_reference reads the parsers; this reads the parsers again, and the pages)."""
+    import argparse
+    import html
+
+    from specdec.entrypoints.cli import SUBCOMMANDS, build_parser
+
+    cli = html.unescape((site / "reference" / "cli" / "index.html").read_text())
+    env = html.unescape((site / "reference" / "environment" / "index.html").read_text())
+    assert "<!-- cli-reference -->" not in cli and "<!-- env-reference -->" not in env
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(SUBCOMMANDS)
+    for name, subparser in sub.choices.items():
+        assert f"specdec {name}" in cli, name
+        for action in subparser._actions:
+            for flag in action.option_strings:
+                assert flag in cli, (name, flag)
+            found = re.search(r"\(env (SPECDEC_[A-Z0-9_]+)", action.help or "")
+            if found:
+                assert found.group(1) in env and found.group(1) in cli, (name, found.group(1))
 
 
 @pytest.mark.parametrize("broken, named", [("[nowhere](no-such-page.md)", "no-such-page.md"),
