@@ -409,3 +409,60 @@ def test_run_slow_blocks(block: Block, tmp_path, shell_env):
                             text=True, timeout=600)
     assert result.returncode == 0, f"{block.id} failed:\n{result.stderr[-4000:]}"
     assert result.stdout.strip() or "print(" not in block.code, block.id
+
+
+# -- numbers name their machine and command ------------------------------------------------------------
+
+# a table that reports speed: a ratio against the target alone (1.23x, 1.23×) or a throughput / latency column
+_SPEED = re.compile(r"\d\.\d+\s?[x×](?!\w)|\d\s?(ms|tok/s|tokens/s)\b")
+_SPEED_HEADER = re.compile(r"tokens/s|tok/s|\bms\b|speed-up|× target|x the target")
+_SCRIPT = re.compile(r"bench_\w+\.py|specdec bench|benchmarks/")
+_MACHINE = re.compile(r"EPYC|Xeon|avx|AMX")
+CONTEXT_LINES = 14  # a table's citation: in the paragraph above it, or the lines under it
+
+
+def speed_tables(path: Path) -> list[tuple[int, list[str]]]:
+    """(first line, the lines) of each Markdown table of ``path`` whose cells report speed."""
+    lines, out, i = path.read_text().splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"^\|[-:| ]+\|$", lines[i + 1]):
+            j = i
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+            body = lines[i + 2:j]
+            if _SPEED_HEADER.search(lines[i]) or any(_SPEED.search(row) for row in body):
+                out.append((i, lines))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def uncited_speed_tables(path: Path) -> list[str]:
+    """The speed tables of ``path`` that name no script or no machine in the lines around them."""
+    missing = []
+    for start, lines in speed_tables(path):
+        end = next((k for k in range(start, len(lines)) if not lines[k].startswith("|")), len(lines))
+        context = "\n".join(lines[max(0, start - CONTEXT_LINES):end + CONTEXT_LINES // 2])
+        lacks = [what for what, pattern in (("script", _SCRIPT), ("machine", _MACHINE)) if not pattern.search(context)]
+        if lacks:
+            missing.append(f"{path.name}:{start + 1} lacks its {' and '.join(lacks)}")
+    return missing
+
+
+def test_every_speed_table_names_its_script_and_machine():
+    """A headline table (speed-ups, tokens/s, ms) cites the benchmark that measured it and the machine, in the
+    lines around it: a reader can rerun it and knows where it holds."""
+    assert sum(len(speed_tables(page)) for page in PAGES) >= 15  # the check reads the tables it should
+    missing = [m for page in PAGES for m in uncited_speed_tables(page)]
+    assert not missing, "\n".join(missing)
+
+
+def test_an_uncited_speed_table_is_found(tmp_path):
+    """The negative control: the same table with and without its citation."""
+    table = "| setup | tokens/s |\n|---|---|\n| target alone | 25.7 |\n| pair | 29.6 (1.18×) |\n"
+    page = tmp_path / "page.md"
+    page.write_text("Some prose.\n\n" + table)
+    assert uncited_speed_tables(page) == ["page.md:3 lacks its script and machine"]
+    page.write_text("Measured by `benchmarks/bench_x.py` on a 2-vCPU AMD EPYC:\n\n" + table)
+    assert uncited_speed_tables(page) == []
