@@ -127,7 +127,7 @@ SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_req
 TREE_KEYS = ("speculative_token_tree", "speculative_eagle_topk", "speculative_num_draft_tokens")
 DRAFT_KEYS = SUFFIX_KEYS + TREE_KEYS  # what the draft service takes of a speculative_config beside its model
 TOKEN_TREES = (DYNAMIC,)
-TREE_METHODS = ("suffix", "draft_model")
+TREE_METHODS = ("suffix", "draft_model", "ngram")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts become target ids
 
@@ -363,8 +363,8 @@ class SpeculativeConfig:
                                       "use \"dynamic\"")
             if self.method not in TREE_METHODS:
                 raise ConfigError(f"speculative_token_tree {self.speculative_token_tree!r} grows trees from suffix "
-                                  f"decoding and draft models; method {self.method!r} drafts chains (n-gram and "
-                                  "EAGLE-head trees are not built yet)")
+                                  f"decoding, n-gram lookup and draft models; method {self.method!r} drafts chains "
+                                  "(EAGLE-head trees are not built yet)")
             if self.use_heterogeneous_vocab:
                 raise ConfigError("speculative_token_tree needs one vocabulary: a TLI draft's proposals are chains "
                                   "(unset use_heterogeneous_vocab or speculative_token_tree)")

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.calls import ProposeCall, until_finished
-from specdec.config import check_lookup
+from specdec.config import DYNAMIC, check_lookup
 from specdec.drafting_state import DraftingState
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal
+from specdec.trees import is_chain
 
 
 
@@ -42,10 +43,15 @@ class NgramIndex:
     """
 
     UNDO_POSITIONS = 256
+    TREE_MATCHES = 8  # token trees: the continuations of this many latest occurrences, at most
 
-    def __init__(self, min_n: int, max_n: int):
+    def __init__(self, min_n: int, max_n: int, tree: bool = False):
         self.min_n, self.max_n = min_n, max_n
+        self.tree = tree
         self.tokens: list[int] = []
+        # token trees: n -> for each position, where the n-gram before it occurred before (its entry in _after
+        # before this position overwrote it), so every earlier occurrence is a walk away
+        self._prev: dict[int, list[int | None]] = {n: [] for n in range(min_n, max_n + 1)} if tree else {}
         # n -> {n-gram: position of the token that followed its latest occurrence}
         self._after: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
         # what indexing each of the latest positions overwrote (per n: the earlier position, or None);
@@ -62,10 +68,14 @@ class NgramIndex:
             end = len(tokens) - 1  # the n-grams ending just before this token are now followed by it
             overwritten = []
             for n, table in after.items():
+                earlier = None
                 if end >= n:
                     key = tuple(tokens[end - n:end])
-                    overwritten.append(table.get(key))
+                    earlier = table.get(key)
+                    overwritten.append(earlier)
                     table[key] = end
+                if self.tree:
+                    self._prev[n].append(earlier)
             undo.append(tuple(overwritten))
         if len(undo) > 2 * self.UNDO_POSITIONS:
             drop = len(undo) - self.UNDO_POSITIONS
@@ -82,6 +92,8 @@ class NgramIndex:
             del tokens[:]
             for table in self._after.values():
                 table.clear()
+            for links in self._prev.values():
+                links.clear()
             self._undo, self._undo_from = [], 0
             self.extend(kept)
             return
@@ -96,6 +108,8 @@ class NgramIndex:
                     else:
                         table[key] = previous
         del tokens[n:]
+        for links in self._prev.values():
+            del links[n:]
 
     def sync(self, token_ids: list[int]) -> None:
         """Index exactly ``token_ids``: undo what no longer matches what is indexed, index what follows."""
@@ -117,18 +131,67 @@ class NgramIndex:
         return []
 
     def proposal(self, k: int) -> Proposal:
-        return Proposal(self.propose(k))
+        """This round's proposal: the chain of ``propose``, or with ``tree`` a token tree of up to k nodes: the
+        continuations of the longest matching n-gram's latest occurrences (up to ``TREE_MATCHES``), merged where
+        they agree, the latest first (its first branch is the chain, cut where the other first tokens need room:
+        ``merge_branches``)."""
+        if not self.tree:
+            return Proposal(self.propose(k))
+        tokens = self.tokens
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            pos = self._after[n].get(tuple(tokens[len(tokens) - n:]))
+            if pos is None:
+                continue
+            continuations = []
+            while pos is not None and len(continuations) < self.TREE_MATCHES:
+                continuations.append(tokens[pos:pos + k])
+                pos = self._prev[n][pos]
+            nodes, parents = merge_branches(continuations, k)
+            return Proposal(nodes, parents=parents if not is_chain(parents) else None)
+        return Proposal([])
+
+
+def merge_branches(branches: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of the trie of ``branches`` (-1: the root), at most ``budget`` nodes: the first branch as
+    deep as it goes while one node stays for every other first token, then each other branch's first token, then
+    the other branches as deep as the rest of the budget allows, in the order given."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+
+    def add(branch: list[int], cap: int) -> None:
+        at = -1
+        for token in branch:
+            node = children.get((at, token))
+            if node is None:
+                if len(tokens) >= cap:
+                    return
+                node = children[(at, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(at)
+            at = node
+
+    if not branches:
+        return tokens, parents
+    others = {b[0] for b in branches[1:] if b} - {branches[0][0] if branches[0] else None}
+    add(branches[0], max(1, budget - len(others)))
+    for branch in branches[1:]:
+        add(branch[:1], budget)
+    for branch in branches[1:]:
+        add(branch, budget)
+    return tokens, parents
 
 
 class NgramIndexes:
-    """The factory of n-gram indexes for n in [min_n, max_n] (checked once, here)."""
+    """The factory of n-gram indexes for n in [min_n, max_n] (checked once, here); ``tree``: they propose token
+    trees."""
 
-    def __init__(self, min_n: int, max_n: int):
+    def __init__(self, min_n: int, max_n: int, tree: bool = False):
         check_lookup(min_n, max_n)
-        self.min_n, self.max_n = min_n, max_n
+        self.min_n, self.max_n, self.tree = min_n, max_n, tree
 
     def __call__(self) -> NgramIndex:
-        return NgramIndex(self.min_n, self.max_n)
+        return NgramIndex(self.min_n, self.max_n, self.tree)
 
     def describe(self) -> str:
         return f"n-gram lookup, n from {self.max_n} down to {self.min_n}"
@@ -286,5 +349,5 @@ def lookup_indexes(spec: Any) -> Any:
 
         return SuffixCache(spec.suffix_settings())
     if spec.uses_lookup:
-        return NgramIndexes(*spec.lookup_range())
+        return NgramIndexes(*spec.lookup_range(), tree=spec.speculative_token_tree == DYNAMIC)
     return None

@@ -13,7 +13,8 @@ import specdec.engine.workers
 from specdec import LLM, SamplingParams
 from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
-from specdec.ngram import NgramIndex, NgramIndexes, NgramStore, NgramWorker
+from specdec.ngram import NgramIndex, NgramIndexes, NgramStore, NgramWorker, merge_branches
+from specdec.trees import check_parents
 from tests.broken_samplers import accept_always, rowwise
 from tests.first_token_chi2 import first_token_pvalue, target_first_token
 
@@ -72,6 +73,62 @@ def test_index_kept_in_place_equals_an_index_rebuilt_from_scratch(monkeypatch, u
             assert index.tokens == history and index._after == fresh._after
             assert index.tokens is tokens_list  # one list, changed in place (a service compares it with what it sent)
             assert index.propose(3) == brute_force(list(history), 3, low, high)
+
+
+def brute_force_branches(tokens: list[int], k: int, low: int, high: int, matches: int) -> list[list[int]]:
+    """The continuations of the longest matching n-gram's latest ``matches`` earlier occurrences, latest first."""
+    for n in range(min(high, len(tokens)), low - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        found = [tokens[start + n:start + n + k] for start in range(len(tokens) - n - 1, -1, -1)
+                 if tokens[start:start + n] == suffix]
+        if found:
+            return found[:matches]
+    return []
+
+
+def test_merge_branches_is_the_trie_within_its_budget():
+    # room for all: the trie, the latest branch first
+    assert merge_branches([[5, 6, 7], [5, 6, 8], [9], [5, 1]], budget=10) == (
+        [5, 6, 7, 9, 8, 1], [-1, 0, 1, -1, 1, 0])
+    # the first branch keeps a node for each other first token (9), then the others fill what is left
+    assert merge_branches([[5, 6, 7], [5, 6, 8], [9]], budget=4) == ([5, 6, 7, 9], [-1, 0, 1, -1])
+    assert merge_branches([[1, 2, 3, 4, 5], [6, 7], [8, 9]], budget=5) == ([1, 2, 3, 6, 8], [-1, 0, 1, -1, -1])
+    assert merge_branches([[1, 2], [1, 2]], budget=5) == ([1, 2], [-1, 0])  # the same continuation twice: a chain
+    assert merge_branches([], budget=3) == ([], [])
+
+
+@pytest.mark.parametrize("undo", [4, 256])
+def test_tree_proposals_hold_every_latest_continuation_and_survive_cuts(monkeypatch, undo):
+    """With trees, the proposal is the trie of the latest occurrences' continuations (a brute-force search says
+    which), its first branch the chain's proposal; kept in place through appends and cuts (deeper than the undo
+    log too), it equals a tree index built anew."""
+    from specdec.history import TokenHistory
+
+    monkeypatch.setattr(NgramIndex, "UNDO_POSITIONS", undo)
+    rng = random.Random(undo)
+    for trial in range(40):
+        low, high = 1, rng.randint(1, 3)
+        index, history = NgramIndex(low, high, tree=True), TokenHistory()
+        for _ in range(30):
+            if history and rng.random() < 0.3:
+                history.truncate(rng.randrange(len(history) + 1))
+            history.extend(rng.randrange(rng.choice([2, 4, 9])) for _ in range(rng.randrange(6)))
+            index.sync(history)
+            k = rng.choice([1, 4, 12])
+            proposal = index.proposal(k)
+            branches = brute_force_branches(list(history), k, low, high, NgramIndex.TREE_MATCHES)
+            assert (proposal.draft_token_ids, proposal.parents or [i - 1 for i in range(len(proposal.draft_token_ids))]) == \
+                merge_branches(branches, k)
+            parents = proposal.parents or [i - 1 for i in range(len(proposal.draft_token_ids))]
+            check_parents(parents, len(proposal.draft_token_ids))
+            chain = index.propose(k)
+            m = 0  # the first branch: nodes 0, 1, ... each the child of the one before, as long as the chain
+            while m < min(len(chain), len(parents)) and parents[m] == m - 1:
+                m += 1
+            assert proposal.draft_token_ids[:m] == chain[:m] and (m or not chain)  # the chain, or its start
+            fresh = NgramIndex(low, high, tree=True)
+            fresh.extend(list(history))
+            assert index._prev == fresh._prev
 
 
 def test_lookup_config_is_checked():

@@ -73,4 +73,26 @@ def test_token_tree_config_is_checked(target_dir):
     with pytest.raises(ConfigError, match="is not a tree shape"):
         LLM(str(target_dir), speculative_config={**TREE, "speculative_token_tree": "sometimes"})
     with pytest.raises(ConfigError, match="drafts chains"):
-        LLM(str(target_dir), speculative_config={"method": "ngram", "speculative_token_tree": "dynamic"})
+        LLM(str(target_dir), speculative_config={"method": "eagle3", "model": "smollm2-135m-eagle3",
+                                                 "speculative_token_tree": "dynamic"})
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
+     "speculative_token_tree": "dynamic"},
+    {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
+     "speculative_token_tree": "dynamic", "model": "DRAFT", "draft_model_num_speculative_tokens": 2},
+], ids=["ngram", "ngram-hybrid"])
+def test_ngram_trees_are_the_target_alone(target_dir, good_draft_dir, spec):
+    """N-gram lookup proposes a tree where the matched n-gram occurred before with different continuations;
+    greedy and seeded output stay the target's own."""
+    spec = {**spec, "model": str(good_draft_dir)} if "model" in spec else spec
+    llm = LLM(str(target_dir), dtype="float32", speculative_config=spec)
+    seen = _recording(llm)
+    alone = LLM(str(target_dir), dtype="float32")
+    for params in (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                   SamplingParams(temperature=0.9, seed=3, max_tokens=20, ignore_eos=True)):
+        refs = alone.generate(PROMPTS, params)
+        for prompt, ref in zip(PROMPTS, refs):
+            assert llm.generate([prompt], params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
+    assert seen, "no round proposed a tree"
