@@ -107,12 +107,19 @@ def setups(args) -> dict[str, dict | None]:
     suffix = {"method": "suffix", "num_speculative_tokens": args.k, "suffix_decoding_max_spec_factor": args.factor}
     default = {**default_speculative_config(), "model": args.draft}
     model = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.model_k}
-    return {"target alone": None, f"suffix k<={args.k} chains": suffix,
+    ngram = {"method": "ngram", "num_speculative_tokens": args.ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    every = {"target alone": None, f"suffix k<={args.k} chains": suffix,
             f"suffix k<={args.k} trees": {**suffix, "speculative_token_tree": "dynamic"},
             "shipped default (chains)": default,
             "shipped default with trees": {**default, "speculative_token_tree": "dynamic"},
             f"draft model k={args.model_k} chains": model,
-            f"draft model k={args.model_k} trees": {**model, "speculative_token_tree": "dynamic"}}
+            f"draft model k={args.model_k} trees": {**model, "speculative_token_tree": "dynamic"},
+            f"n-gram k={args.ngram_k} chains": ngram,
+            f"n-gram k={args.ngram_k} trees": {**ngram, "speculative_token_tree": "dynamic"}}
+    if not args.setups:
+        return every
+    wanted = [w.strip() for w in args.setups.split(",") if w.strip()]
+    return {name: spec for name, spec in every.items() if name == "target alone" or any(w in name for w in wanted)}
 
 
 def concurrent_tps(stub, prompts: list[str], streams: int, max_tokens: int) -> float:
@@ -130,6 +137,10 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=15, help="num_speculative_tokens of the suffix rows (a tree's node budget)")
     ap.add_argument("--factor", type=float, default=4.0, help="their suffix_decoding_max_spec_factor")
     ap.add_argument("--model-k", type=int, default=3, help="num_speculative_tokens of the draft-model rows (a tree's depth)")
+    ap.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of the n-gram rows (a tree's node "
+                    "budget)")
+    ap.add_argument("--setups", default="", help="comma-separated parts of row names to run (the target alone always "
+                    "runs; default: every row)")
     ap.add_argument("--agent-requests", type=int, default=40)
     ap.add_argument("--chat-prompts", type=int, default=16)
     ap.add_argument("--streams", type=int, default=8, help="concurrent streams of the concurrency phase (0: skip)")

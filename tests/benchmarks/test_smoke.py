@@ -663,7 +663,8 @@ def test_smoke_eagle3(tmp_path):
 
 
 TREES_SETUPS = ["target alone", "suffix k<=8 chains", "suffix k<=8 trees", "shipped default (chains)",
-                "shipped default with trees", "draft model k=3 chains", "draft model k=3 trees"]
+                "shipped default with trees", "draft model k=3 chains", "draft model k=3 trees", "n-gram k=8 chains",
+                "n-gram k=8 trees"]
 TREES = Expected(
     "bench_trees.py", ["setup", "workload", "tokens/s", "speedup", "decode speedup", "tokens/pass", "mean draft", "acceptance",
                        "identical"],
