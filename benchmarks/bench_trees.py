@@ -191,7 +191,7 @@ def main() -> int:
     for label, tps in concurrency.items():
         print(f"{args.streams} streams, {label}: {tps:.1f} tokens/s (the better of two runs)")
     chain, tree = labels[1], labels[2]
-    goals = {
+    goals = {} if args.setups else {  # the issue's goals read the whole set of rows
         f"{tree}: agent >= 2.5x the target alone ({by[(tree, 'agent')]['speedup']:.2f}x)":
             by[(tree, "agent")]["speedup"] >= 2.5,
         f"shipped default with trees: open chat tokens/pass >= 1.3x the chains' "

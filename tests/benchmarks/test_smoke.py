@@ -686,3 +686,16 @@ def test_smoke_trees(tmp_path):
     # the agent requests come in pairs: each one re-issued with a small change
     agent = data["messages"]["agent"]
     assert len(agent) == 4 and agent[0] != agent[1] and agent[0][:40] == agent[1][:40]
+
+
+def test_smoke_trees_runs_a_subset_of_setups(tmp_path):
+    """--setups: the named rows beside the target alone; the goals that read the whole set are left out."""
+    out = tmp_path / "trees.json"
+    result = subprocess.run([sys.executable, str(BENCH / "bench_trees.py"), "--smoke", "--setups", "n-gram",
+                             "--streams", "0", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert sorted({r["setup"] for r in data["rows"]}) == ["n-gram k=8 chains", "n-gram k=8 trees", "target alone"]
+    assert all("streams" in goal for goal in data["goals"])  # the issue's goals read rows not run here
+    assert all(r["identical"] for r in data["rows"])
