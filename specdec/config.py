@@ -113,6 +113,28 @@ class SuffixSettings:
         real("min_token_prob", self.min_token_prob, 0.0, 1.0)
 
 
+SUFFIX_INSTALL_HINT = ("method \"suffix\" needs ArcticInference's suffix tree: pip install nanobind==2.9.2 cmake ninja "
+                       "&& pip install --no-build-isolation arctic-inference==0.3.0 (scripts/install.sh does this)")
+
+
+def suffix_tree_class():
+    """ArcticInference's SuffixTree (method "suffix"), or a ConfigError that says what to install."""
+    try:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+    except ImportError as exc:
+        raise ConfigError(f"{SUFFIX_INSTALL_HINT} ({exc})") from None
+    return SuffixTree
+
+
+def suffix_available() -> tuple[bool, str]:
+    """(True, "") where ArcticInference's suffix tree imports here, else (False, what to install)."""
+    try:
+        suffix_tree_class()
+    except ConfigError as exc:
+        return False, str(exc)
+    return True, ""
+
+
 SUPPORTED_METHODS = ("draft_model", "ngram", "suffix", "eagle3")
 FEATURE_METHODS = ("eagle3",)  # heads that draft from the target's hidden states (specdec.features)
 MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no model needed
@@ -427,8 +449,6 @@ def default_speculative_config() -> dict | None:
     with its model alone, token trees and all, and says so once: the first command still serves."""
     if default_draft_path() is None:
         return None
-    from specdec.suffix import suffix_available
-
     pair = {"model": DEFAULT_DRAFT, "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE,
             "speculative_token_tree": DEFAULT_PAIR_TOKEN_TREE}
     ok, why = suffix_available()

@@ -27,32 +27,16 @@ import threading
 import weakref
 from collections import OrderedDict
 
+import specdec.config as config
 from specdec.config import SuffixSettings  # noqa: F401 - its checked settings (re-exported)
 from specdec.errors import ConfigError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal
 from specdec.trees import is_chain
 
-# vLLM's defaults for the suffix_decoding_* keys of speculative_config.
-INSTALL_HINT = ("method \"suffix\" needs ArcticInference's suffix tree: pip install nanobind==2.9.2 cmake ninja && "
-                "pip install --no-build-isolation arctic-inference==0.3.0 (scripts/install.sh does this)")
-
-
-def _suffix_tree_class():
-    try:
-        from arctic_inference.suffix_decoding._C import SuffixTree
-    except ImportError as exc:
-        raise ConfigError(f"{INSTALL_HINT} ({exc})") from None
-    return SuffixTree
-
-
-def suffix_available() -> tuple[bool, str]:
-    """(True, "") where ArcticInference's suffix tree imports here, else (False, what to install)."""
-    try:
-        _suffix_tree_class()
-    except ConfigError as exc:
-        return False, str(exc)
-    return True, ""
+# ArcticInference's suffix tree, where it is installed (specdec.config checks it: the default pair falls back)
+INSTALL_HINT = config.SUFFIX_INSTALL_HINT
+suffix_available = config.suffix_available
 
 
 class SuffixCache:
@@ -61,7 +45,7 @@ class SuffixCache:
 
     def __init__(self, settings: SuffixSettings | None = None):
         self.settings = settings or SuffixSettings()
-        self._tree_class = _suffix_tree_class()
+        self._tree_class = config.suffix_tree_class()
         self.global_tree = self._tree_class(self.settings.max_tree_depth)
         # seq id in the global tree -> a weak reference to its index (None once the sequence ended; weak, so a
         # sequence dropped without close() frees its own tree): insertion order is eviction order

@@ -11,13 +11,14 @@ whose ``param`` names the field.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, Literal
 
 from pydantic import Field
 
 from gateway.openai.protocol import ChatMessage, OpenAIRequest
-from gateway.openai.structured import ToolPlan, tool_plan
+from gateway.openai.structured import ToolPlan, hoist_defs, tool_plan
 from specdec.errors import InvalidRequestError
 from specdec.sampling_params import MAX_LOGPROBS
 from specdec.structured import StructuredOutputsParams
@@ -28,7 +29,8 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # include values with nothing to add here: this server's models produce no reasoning to encrypt
 NOTHING_TO_INCLUDE = ("reasoning.encrypted_content",)
 # request fields OpenAI defines that this server refuses unless at their "off" value
-UNSUPPORTED = {"background": (None, False), "conversation": (None,), "prompt": (None,), "max_tool_calls": (None,)}
+UNSUPPORTED = {"background": (None, False), "conversation": (None,), "prompt": (None,), "max_tool_calls": (None,),
+               "context_management": (None, [])}
 
 
 def new_id(prefix: str) -> str:
@@ -118,6 +120,16 @@ def _string(item: dict, key: str, param: str) -> str:
     return value
 
 
+def _item_id(item: dict, param: str, prefix: str) -> str:
+    """The item's own id (a non-empty string, where given), or a new one."""
+    value = item.get("id")
+    if value is None or value == "":
+        return new_id(prefix)
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{param}.id must be a string (or left out)", param=f"{param}.id")
+    return value
+
+
 def canonical_items(raw: str | list[Any]) -> list[dict]:
     """The request's input as canonical items (each with an id), every item checked."""
     if isinstance(raw, str):
@@ -133,17 +145,17 @@ def canonical_items(raw: str | list[Any]) -> list[dict]:
         if kind == "message":
             if item.get("role") not in ROLES:
                 raise InvalidRequestError(f"{param}.role must be one of {list(ROLES)}", param=f"{param}.role")
-            items.append({"type": "message", "id": item.get("id") or new_id("msg"), "role": item["role"],
+            items.append({"type": "message", "id": _item_id(item, param, "msg"), "role": item["role"],
                           "status": "completed", "content": _text_of(item.get("content"), f"{param}.content")})
         elif kind == "function_call":
-            items.append({"type": "function_call", "id": item.get("id") or new_id("fc"),
+            items.append({"type": "function_call", "id": _item_id(item, param, "fc"),
                           "call_id": _string(item, "call_id", param), "name": _string(item, "name", param),
                           "arguments": _string(item, "arguments", param), "status": "completed"})
         elif kind == "function_call_output":
             output = item.get("output")
             if not isinstance(output, str):
                 output = "".join(p["text"] for p in _text_of(output, f"{param}.output"))
-            items.append({"type": "function_call_output", "id": item.get("id") or new_id("fco"),
+            items.append({"type": "function_call_output", "id": _item_id(item, param, "fco"),
                           "call_id": _string(item, "call_id", param), "output": output, "status": "completed"})
         else:
             what = f"items of type {kind!r} are" if isinstance(kind, str) else "an item without a type is"
@@ -218,6 +230,14 @@ def text_grammar(text: dict | None) -> StructuredOutputsParams | None:
 def grammar_of(body: ResponsesRequest, plan: ToolPlan | None) -> StructuredOutputsParams | None:
     """The one grammar of the request. A tool_choice that forces calls (a named function, required) makes
     the output calls, so it constrains this turn; text.format constrains a text answer (OpenAI's reading:
-    an agent with an output type forces a call first, then answers in that format)."""
+    an agent with an output type forces a call first, then answers in that format). With tool_choice auto
+    the reply is either: calls of this request's tools, or an answer in text.format (an agent with an output
+    type and tools, as the Agents SDK sends it by default)."""
     text, tools = text_grammar(body.text), plan.grammar() if plan else None
+    if tools is None and text is not None and plan is not None and plan.choice == "auto":
+        answer = text.json if text.json is not None else {"type": "object"}  # json_object: any object
+        if isinstance(answer, str):
+            answer = json.loads(answer)
+        (calls, answer), defs = hoist_defs([plan.calls_schema(), answer])
+        return StructuredOutputsParams(json={"anyOf": [calls, answer], **defs}, param="text.format")
     return tools or text

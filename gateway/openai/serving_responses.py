@@ -26,7 +26,7 @@ from gateway.openai.responses_items import (
     ResponsesRequest, canonical_items, chat_messages, grammar_of, new_id, plan_of,
 )
 from gateway.openai.serving_chat import OpenAIServingChat, ToolStream, reply
-from gateway.openai.structured import ToolPlan
+from gateway.openai.structured import ToolPlan, tool_call
 from specdec.errors import InvalidRequestError
 from specdec.sequence import SequenceState
 from specdec.serving.metrics import request_error
@@ -56,6 +56,9 @@ class OpenAIServingResponses(OpenAIServingChat):
             earlier = self.store.get(owner, body.previous_response_id, param="previous_response_id").items
         items = canonical_items(body.input)
         plan = plan_of(body)
+        if not chat_messages(body.instructions, earlier + items):
+            raise InvalidRequestError("input is empty and there are no instructions or earlier turns: send at least "
+                                      "one message", param="input")
         try:
             ids = self.fit_prompt(body, earlier + items, plan)
         except InvalidRequestError as exc:  # the chat template's refusal names chat's field
@@ -74,8 +77,9 @@ class OpenAIServingResponses(OpenAIServingChat):
         if body.stream:
             return StreamingResponse(draft.events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         await run_to_end(self.gateway, [seq], body.num_speculative_tokens, self.request_timeout, request)
-        message, _ = reply(seq, plan)
-        return draft.finish(output_items(message, seq, body.num_logprobs(), self.gateway.tokenizer))
+        if seq.finish_reason not in ("stop", "length"):  # the client went away: nobody reads it, nothing is stored
+            return None
+        return draft.finish(output_items(seq, plan, body.num_logprobs(), self.gateway.tokenizer))
 
     def fit_prompt(self, body: ResponsesRequest, items: list[dict], plan: ToolPlan | None) -> list[int]:
         """The prompt's token ids. ``truncation: "auto"`` leaves the oldest items out of the prompt until
@@ -91,26 +95,56 @@ class OpenAIServingResponses(OpenAIServingChat):
             dropped += 1
 
     def get(self, request: Request, response_id: str) -> dict:
+        if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+            raise InvalidRequestError("stream replays a background response's events, and this server does not run "
+                                      "background responses; GET without stream returns the stored response",
+                                      param="stream")
         return self.store.get(self.owner(request), response_id, param="response_id").response
 
     def input_items(self, request: Request, response_id: str) -> dict:
+        """OpenAI's list of a response's input items: ``order`` (desc, newest first, by default), ``limit``
+        (1-100, default 20) and ``after`` (an item id: the page after it)."""
+        query = request.query_params
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise InvalidRequestError("order must be \"asc\" or \"desc\"", param="order")
+        try:
+            limit = int(query.get("limit", "20"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            raise InvalidRequestError("limit must be an integer from 1 to 100", param="limit")
         entry = self.store.get(self.owner(request), response_id, param="response_id")
-        data = list(reversed(entry.items[:entry.input_count]))  # OpenAI's default order: newest first
+        items = entry.items[:entry.input_count]
+        items = list(reversed(items)) if order == "desc" else list(items)
+        if "after" in query:
+            ids = [item["id"] for item in items]
+            if query["after"] not in ids:
+                raise InvalidRequestError(f"after {query['after']!r} is not an input item of {response_id}",
+                                          param="after")
+            items = items[ids.index(query["after"]) + 1:]
+        data = items[:limit]
         return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None, "has_more": False}
+                "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
 
     def delete(self, request: Request, response_id: str) -> dict:
         self.store.delete(self.owner(request), response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
 
-def output_items(message: dict, seq: SequenceState, top: int | None, tokenizer) -> list[dict]:
-    """A finished reply as Responses output items: an assistant message, or the function calls."""
+def output_items(seq: SequenceState, plan: ToolPlan | None, top: int | None, tokenizer) -> list[dict]:
+    """A finished reply as Responses output items: an assistant message, or the function calls. A named
+    call cut at max_output_tokens is still that call, ``incomplete`` with the arguments it has (as streamed)."""
+    status = "incomplete" if seq.finish_reason == "length" else "completed"
+    if plan is not None and plan.choice == "named" and status == "incomplete":
+        call = tool_call(plan.named, seq.text)
+        return [{"type": "function_call", "id": new_id("fc"), "call_id": call["id"], "name": call["function"]["name"],
+                 "arguments": seq.text, "status": status}]
+    message, _ = reply(seq, plan)
     if message.get("tool_calls"):
         return [{"type": "function_call", "id": new_id("fc"), "call_id": c["id"], "name": c["function"]["name"],
                  "arguments": c["function"]["arguments"], "status": "completed"} for c in message["tool_calls"]]
     logprobs = LogprobFormatter(tokenizer).chat(seq.logprobs or [], top)["content"] if top is not None else []
-    status = "incomplete" if seq.finish_reason == "length" else "completed"
     return [message_item(new_id("msg"), message["content"] or "", status, logprobs)]
 
 
@@ -134,7 +168,8 @@ class Draft:
     def response(self, status: str, output: list[dict], error: dict | None = None) -> dict:
         body = self.body
         finished = status in ("completed", "incomplete")
-        tool_choice = body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none")
+        extra = body.model_extra or {}
+        tool_choice = body.tool_choice if body.tool_choice is not None else "auto"  # OpenAI's echo of unset
         return {
             "id": self.id, "object": "response", "created_at": int(self.created), "status": status,
             "completed_at": int(time.time()) if finished else None, "error": error,
@@ -148,6 +183,8 @@ class Draft:
             "tools": body.tools or [], "top_logprobs": body.top_logprobs, "top_p": body.top_p,
             "truncation": body.truncation or "disabled", "background": False, "service_tier": "default",
             "user": body.user, "usage": responses_usage(self.seq) if finished else None,
+            # hints this server takes as they are (its prefix cache needs no key), echoed as OpenAI does
+            "prompt_cache_key": extra.get("prompt_cache_key"), "safety_identifier": extra.get("safety_identifier"),
         }
 
     def finish(self, output: list[dict]) -> dict:
@@ -173,13 +210,18 @@ class Draft:
         calls = ToolStream(self.plan) if self.plan is not None and self.plan.choice != "none" else None
         top = self.body.num_logprobs()
         fmt = LogprobFormatter(self.serving.gateway.tokenizer)
+        pending: list = []  # logprobs of tokens whose text has not gone out yet (held while it may be a call)
         try:
             async for _, delta in deltas(self.serving.gateway, [self.seq], self.body.num_speculative_tokens,
                                          self.serving.request_timeout):
-                logprobs = fmt.chat(delta.logprobs or [], top)["content"] if top is not None else []
+                if top is not None:
+                    pending += fmt.chat(delta.logprobs or [], top)["content"]
                 steps = calls.step(self.seq, delta) if calls is not None else [
                     ({"content": delta.text} if delta.text else {}, None)]
                 for chat_delta, _ in steps:
+                    logprobs = []
+                    if chat_delta.get("content") or chat_delta.get("tool_calls"):  # calls carry no logprobs
+                        logprobs, pending = (pending if chat_delta.get("content") else []), []
                     for line in stream.step(chat_delta, logprobs):
                         yield line
         except Exception as exc:  # the stream has started: report in-band
@@ -260,13 +302,13 @@ class ItemStream:
         else:
             yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                      name=item["name"], arguments=item["arguments"])
-        item["status"] = "incomplete" if incomplete and item["type"] == "message" else "completed"
+        item["status"] = "incomplete" if incomplete else "completed"
         yield ev("response.output_item.done", output_index=index, item=item)
 
 
 def responses_usage(seq: SequenceState) -> dict:
     """Responses' usage (input / output tokens) with the speculation stats chat reports."""
     chat = usage([seq], [seq.prompt_token_ids])
-    return {"input_tokens": chat["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": chat["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": chat["total_tokens"], "spec_decode": chat["spec_decode"]}

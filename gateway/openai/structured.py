@@ -107,14 +107,19 @@ class ToolPlan:
         if self.choice == "named":
             return StructuredOutputsParams(json=self._parameters(self.named), param="tool_choice")
         if self.choice == "required":
-            calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [n]},
-                                                       "parameters": self._parameters(n)},
-                      "required": ["name", "parameters"]} for n in self.names]
-            array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
-            if not self.parallel:
-                array["maxItems"] = 1
-            return StructuredOutputsParams(json=array, param="tool_choice")
+            return StructuredOutputsParams(json=self.calls_schema(), param="tool_choice")
         return None
+
+    def calls_schema(self) -> dict:
+        """The JSON schema of a reply that is calls: a list of {name, parameters} of this request's tools
+        (their ``$defs`` moved to the root, where their ``#/$defs/...`` references point)."""
+        params, defs = hoist_defs([self._parameters(n) for n in self.names])
+        calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [n]}, "parameters": p},
+                  "required": ["name", "parameters"]} for n, p in zip(self.names, params)]
+        array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        if not self.parallel:
+            array["maxItems"] = 1
+        return {**array, **defs}
 
     def _parameters(self, name: str) -> dict:
         fn = next(t["function"] for t in self.tools if t["function"]["name"] == name)
@@ -134,6 +139,24 @@ class ToolPlan:
         if not self.parallel:  # one call per reply: the next turn may call again
             found = found[:1]
         return [tool_call(name, args) for name, args in found]
+
+
+def hoist_defs(schemas: list[dict]) -> tuple[list[dict], dict]:
+    """Schemas to nest in a larger one: each without its ``$defs`` / ``definitions``, and those merged, to
+    put at the larger schema's root (a root-relative ``#/$defs/X`` reference then still resolves). Two
+    schemas defining one name differently cannot share a root: a 400 that says so."""
+    bare, defs = [], {}
+    for schema in schemas:
+        if not isinstance(schema, dict):
+            bare.append(schema)
+            continue
+        bare.append({k: v for k, v in schema.items() if k not in ("$defs", "definitions")})
+        for key in ("$defs", "definitions"):
+            for name, value in (schema.get(key) or {}).items():
+                if defs.setdefault(key, {}).setdefault(name, value) != value:
+                    raise InvalidRequestError(f"two schemas of this request define {key}/{name} differently; rename "
+                                              "one of them", param="tools")
+    return bare, defs
 
 
 def tool_call(name: str, arguments: str) -> dict:

@@ -18,7 +18,7 @@ def no_arctic(monkeypatch):
     def missing():
         raise ConfigError(f"{suffix.INSTALL_HINT} (No module named 'arctic_inference')")
 
-    monkeypatch.setattr(suffix, "_suffix_tree_class", missing)
+    monkeypatch.setattr(config, "suffix_tree_class", missing)
     monkeypatch.setattr(config, "_warned", set())
 
 

@@ -25,9 +25,13 @@ def sdk(http_stack, model):
     agents.set_tracing_disabled(True)  # offline: nothing is exported to OpenAI
     calls: list[str] = []
 
-    @agents.function_tool
-    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+    # a random-weight model given the choice (tool_choice auto with an output type: a call or a Forecast) may
+    # call forever: once called, the tool is switched off for the run (the SDK's is_enabled), so the next turn
+    # answers in the output type
+    @agents.function_tool(is_enabled=lambda ctx, _agent: not ctx.context["called"])
+    def get_weather(ctx: agents.RunContextWrapper[dict], city: Literal["Paris", "Oslo"]) -> str:
         """Weather."""
+        ctx.context["called"] = True
         calls.append(city)
         return f"sunny in {city}"
 
@@ -39,7 +43,7 @@ def sdk(http_stack, model):
             model=agents.OpenAIResponsesModel(model=model, openai_client=client),
             # a random-weight model would neither choose to call nor ever end its text: the first turn must call
             # (one call: parallel_tool_calls false closes the array), and the answer (the SDK resets tool_choice to
-            # auto after a call) is a Forecast, whose JSON schema (text.format) ends it
+            # auto after a call; the tool is off by then) is a Forecast, whose JSON schema (text.format) ends it
             model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False, temperature=0,
                                                 max_tokens=70))
     return agent, calls
@@ -52,7 +56,7 @@ def _tool_outputs(result) -> list[str]:
 def test_an_agent_calls_its_tool_and_answers(sdk):
     agent, calls = sdk
     calls.clear()
-    result = asyncio.run(agents.Runner.run(agent(), "Paris?", max_turns=4))
+    result = asyncio.run(agents.Runner.run(agent(), "Paris?", max_turns=4, context={"called": False}))
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
     assert calls and calls[0] in ("Paris", "Oslo") and _tool_outputs(result)[0] == f"sunny in {calls[0]}"
@@ -64,8 +68,8 @@ def test_a_streamed_agent_run_gives_the_same_result(sdk):
     agent, calls = sdk
 
     async def run():
-        plain = await agents.Runner.run(agent(), "Paris?", max_turns=4)
-        streamed = agents.Runner.run_streamed(agent(), "Paris?", max_turns=4)
+        plain = await agents.Runner.run(agent(), "Paris?", max_turns=4, context={"called": False})
+        streamed = agents.Runner.run_streamed(agent(), "Paris?", max_turns=4, context={"called": False})
         kinds = [event.type async for event in streamed.stream_events()]
         return plain, streamed, kinds
 

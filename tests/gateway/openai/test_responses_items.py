@@ -75,6 +75,57 @@ def test_text_format_and_a_forcing_tool_choice():
     body = ResponsesRequest(input="x", tools=[TOOL], tool_choice="required",
                             text={"format": {"type": "json_schema", "name": "s", "schema": schema}})
     assert grammar_of(body, plan_of(body)).json["type"] == "array"  # the forced call constrains this turn
-    body = ResponsesRequest(input="x", tools=[TOOL], text={"format": {"type": "json_schema", "name": "s",
-                                                                      "schema": schema}})
-    assert grammar_of(body, plan_of(body)).json == schema  # auto: a text answer, in the format
+
+
+def _accepts(spec, text: str) -> bool:
+    import json
+
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    return _is_grammar_accept_string(xgrammar.Grammar.from_json_schema(json.dumps(spec.json)), text)
+
+
+def test_auto_tools_with_a_text_format_allow_a_call_or_an_answer_in_the_format():
+    """The Agents SDK's default for an agent with tools and an output type: tool_choice auto and text.format.
+    The reply may be calls of the request's tools or an answer in the format, nothing else; ``$defs`` (as
+    pydantic writes nested models) resolve from the combined schema's root."""
+    answer = {"type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"],
+              "additionalProperties": False,
+              "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                                 "additionalProperties": False}}}
+    tool = {**TOOL, "parameters": {"type": "object", "properties": {"c": {"$ref": "#/$defs/City"}}, "required": ["c"],
+                                   "$defs": {"City": {"enum": ["Paris", "Oslo"]}}}}
+    body = ResponsesRequest(input="x", tools=[tool], text={"format": {"type": "json_schema", "name": "s",
+                                                                      "schema": answer}})
+    plan = plan_of(body)
+    spec = grammar_of(body, plan)
+    assert spec.param == "text.format" and set(spec.json["$defs"]) == {"Item", "City"}
+    assert _accepts(spec, '{"item": {"n": 3}}')  # the answer
+    assert _accepts(spec, '[{"name": "f", "parameters": {"c": "Oslo"}}]')  # a call
+    for wrong in ('{"item": {"n": "three"}}', '[{"name": "g", "parameters": {"c": "Oslo"}}]',
+                  '[{"name": "f", "parameters": {"c": "Rome"}}]', '"free text"'):
+        assert not _accepts(spec, wrong), wrong
+    (call,) = plan.calls('[{"name": "f", "parameters": {"c": "Oslo"}}]')
+    assert call["function"] == {"name": "f", "arguments": '{"c": "Oslo"}'}
+    assert plan.calls('{"item": {"n": 3}}') is None  # an answer, not a call
+    body = ResponsesRequest(input="x", tools=[TOOL], text={"format": {"type": "json_object"}})
+    spec = grammar_of(body, plan_of(body))
+    assert _accepts(spec, '{"anything": 1}') and _accepts(spec, '[{"name": "f", "parameters": {"x": 1}}]')
+    assert not _accepts(spec, '[1, 2]')
+    body = ResponsesRequest(input="x", tools=[TOOL], tool_choice="none", text={"format": {"type": "json_object"}})
+    assert grammar_of(body, plan_of(body)).json_object  # no calls allowed: the format alone
+
+
+def test_one_name_defined_twice_differently_is_refused():
+    a = {**TOOL, "name": "a", "parameters": {"type": "object", "$defs": {"X": {"type": "integer"}}}}
+    b = {**TOOL, "name": "b", "parameters": {"type": "object", "$defs": {"X": {"type": "string"}}}}
+    with pytest.raises(InvalidRequestError, match="X differently"):
+        plan_of(ResponsesRequest(input="x", tools=[a, b], tool_choice="required")).grammar()
+
+
+def test_item_ids_are_strings():
+    with pytest.raises(InvalidRequestError) as info:
+        canonical_items([{"role": "user", "content": "x", "id": 7}])
+    assert info.value.param == "input.0.id"
+    assert canonical_items([{"role": "user", "content": "x", "id": ""}])[0]["id"].startswith("msg_")

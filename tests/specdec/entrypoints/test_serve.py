@@ -92,9 +92,14 @@ def test_deprecated_flags_errors():
 # start_stack
 
 
-def _service_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate()
-                  if t.name in ("draft-batcher", "target-batcher", "draft-evict", "target-evict", "specdec-compute"))
+def _service_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate()
+            if t.name in ("draft-batcher", "target-batcher", "draft-evict", "target-evict", "specdec-compute")}
+
+
+def _started_since(before: set[threading.Thread]) -> list[str]:
+    """The service threads alive now that were not before (an earlier test's may still be ending: not ours)."""
+    return sorted(t.name for t in _service_threads() - before)
 
 
 def _serve_config(target_dir, draft_dir, spec, k=3, **kw):
@@ -111,7 +116,7 @@ def test_start_stack_serves_a_stream_end_to_end(target_dir, good_draft_dir, spec
         assert stack.draft is not None and stack.gateway.port not in (stack.target.port, stack.draft.port)
         # one process, one compute thread: the two models take turns on it (see specdec.serving.batching)
         assert stack.draft.backend.batcher.compute is stack.target.backend.batcher.compute
-        assert "specdec-compute" in _service_threads()
+        assert "specdec-compute" in _started_since(before)
         with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
             stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
             info = stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10)
@@ -132,7 +137,7 @@ def test_start_stack_serves_a_stream_end_to_end(target_dir, good_draft_dir, spec
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         err = rpc_error(lambda: stub.GetInfo(common_pb2.GetInfoRequest(), timeout=2))
         assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-    wait_until(lambda: _service_threads() == before, timeout=10, what=f"service threads to end: {_service_threads()}")
+    wait_until(lambda: not _started_since(before), timeout=10, what="the stack's service threads to end")
 
 
 def test_start_stack_target_alone(target_dir):
@@ -151,4 +156,4 @@ def test_start_stack_with_an_incompatible_draft_fails_and_stops_what_it_started(
     before = _service_threads()
     with pytest.raises(ConfigError, match="use_heterogeneous_vocab"):
         start_stack(_serve_config(target_dir, other_vocab_dir, spec, k=2))
-    wait_until(lambda: _service_threads() == before, timeout=10, what=f"service threads to end: {_service_threads()}")
+    wait_until(lambda: not _started_since(before), timeout=10, what="the stack's service threads to end")
