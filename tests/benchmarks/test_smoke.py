@@ -688,6 +688,7 @@ def test_smoke_trees(tmp_path):
     assert len(agent) == 4 and agent[0] != agent[1] and agent[0][:40] == agent[1][:40]
 
 
+@pytest.mark.heavy
 def test_smoke_trees_runs_a_subset_of_setups(tmp_path):
     """--setups: the named rows beside the target alone; the goals that read the whole set are left out."""
     out = tmp_path / "trees.json"
