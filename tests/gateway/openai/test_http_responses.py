@@ -332,6 +332,7 @@ def test_a_client_that_leaves_a_non_streamed_response_stores_nothing(http_stack,
     assert _stored(raw, model) == before
 
 
+@pytest.mark.heavy
 def test_auto_tools_with_a_format_give_a_call_or_an_answer_in_it(client, model):
     """tool_choice auto beside text.format (an agent with tools and an output type): a call of the tool, or an
     Item; never free text. Streamed, the same."""
