@@ -130,6 +130,7 @@ class LLM:
         batch_invariant: bool | None = DEFAULT_BATCH_INVARIANT,
         seeded_sampling: str = DEFAULT_SEEDED_SAMPLING,
         quantization: str = DEFAULT_QUANTIZATION,
+        tree_tile_rows: int = 0,
     ):
         """``device``: "cpu" or "cuda[:N]"; ``dtype="auto"``: bfloat16 on CUDA; on CPU the faster of float32 and
         bfloat16 on this machine, measured once and cached (``specdec.engine.dtype_choice``; the environment
@@ -146,7 +147,9 @@ class LLM:
         (Leviathan/Chen rejection sampling). Requests without a seed always use rejection sampling.
         ``quantization``: the target's decoder products, "auto" (default: "none" for a target), "none", "int8"
         (W8A8) or "fp8" (CUDA); the
-        draft's is ``speculative_config["quantization"]`` (default "int8"): see ``specdec.engine.quant``."""
+        draft's is ``speculative_config["quantization"]`` (default "int8"): see ``specdec.engine.quant``.
+        ``tree_tile_rows``: token trees: the rows a verify pass costs by; a pass's trees are cut to fill no more
+        such tiles than chains would (0: by device, 16 on a CPU; -1: never cut; ``specdec.trees.fit_trees``)."""
         try:  # before minutes of model loading
             check_seeded_sampling(seeded_sampling)
         except ValueError as exc:
@@ -167,7 +170,8 @@ class LLM:
         self._target_worker = TargetWorker(ModelRunner(self.target, self.max_model_len, role="target",
                                                        lean_forward=lean_forward, batch_invariant=batch_invariant,
                                                        quantization=quantization, **kv),
-                                           kernels=kernels, seeded_sampling=seeded_sampling)
+                                           kernels=kernels, seeded_sampling=seeded_sampling,
+                                           tree_tile_rows=tree_tile_rows)
         cfg = self.speculative_config
         if cfg is not None and cfg.model_free:  # no draft model: the histories draft (n-gram / suffix)
             if cfg.max_model_len is not None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from specdec.errors import InvalidRequestError
 
 
-
 def check_parents(parents: list[int], k: int, param: str = "draft_parents") -> None:
     """Raise InvalidRequestError unless ``parents`` is a tree of ``k`` nodes in topological order."""
     if len(parents) != k:
@@ -82,3 +81,35 @@ def walk(parents: list[int], token_ids: list[int], choose) -> tuple[list[int], i
             return path, token
         path.append(nxt)
         row = nxt + 1
+
+
+def levels(parents: list[int]) -> int:
+    """How many positions deep the tree reaches (a chain of k: k)."""
+    return max(depths(parents)) + 1 if parents else 0
+
+
+def fit_trees(sizes: list[int], tree_levels: list[int], other_rows: int, tile_rows: int) -> list[int]:
+    """The nodes each tree of one verify pass keeps (its first ones: ``Proposal.truncated``), so that the pass
+    fills no more ``tile_rows``-row tiles than if each tree were a chain of its depth: a pass costs by the tile
+    (``specdec.engine.lean_linear``'s batch-invariant products), so trees take the rows the chains leave free in
+    their last tile, shared evenly (a small tree's unused share goes to the others). ``sizes``: each tree's
+    nodes; ``tree_levels``: its depth (``levels``); ``other_rows``: the pass's other rows (chains, prompts, each
+    tree's new history). One tree alone keeps up to a whole tile. ``tile_rows`` <= 0: nothing is cut."""
+    if tile_rows <= 0 or not sizes:
+        return list(sizes)
+    base = other_rows + sum(tree_levels)
+    room = max(tile_rows, -(-base // tile_rows) * tile_rows) - other_rows  # rows for the trees' nodes
+    if sum(sizes) <= room:
+        return list(sizes)
+    keep = [0] * len(sizes)
+    waiting = sorted(range(len(sizes)), key=lambda i: (sizes[i], i))
+    while waiting:
+        share, extra = divmod(room, len(waiting))
+        if sizes[waiting[0]] <= share:  # the smallest tree fits its share whole: the rest share what it leaves
+            i = waiting.pop(0)
+            keep[i], room = sizes[i], room - sizes[i]
+            continue
+        for rank, i in enumerate(sorted(waiting)):
+            keep[i] = share + (1 if rank < extra else 0)
+        break
+    return keep

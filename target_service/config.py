@@ -17,3 +17,7 @@ class TargetServiceConfig(BackendServiceConfig):
         "help": f"the rule of requests with a seed and temperature > 0, one of {list(SEEDED_SAMPLING)}: coupled (the "
                 "text depends on the seed only, not on the draft, k, speculation or outages) or rejection "
                 "(Leviathan/Chen rejection sampling, as requests without a seed)"})
+    tree_tile_rows: int = field(default=0, metadata={
+        "help": "token trees: the rows a verify pass costs by; the trees of one pass are cut (each keeps its likeliest "
+                "nodes) so that they fill no more such tiles than chains of their depths would. 0: by device (16 on "
+                "a CPU, the batch-invariant tile; 64 on CUDA, not measured); -1: never cut"})

@@ -72,4 +72,5 @@ def create_server(config: TargetServiceConfig, load_async: bool = False,
     return start_backend_service(
         "target", config, TargetServicer, target_service_pb2_grpc.add_TargetServiceServicer_to_server, SERVICE_NAME,
         load_async=load_async, compute=compute, seeded_sampling=config.seeded_sampling,
+        tree_tile_rows=config.tree_tile_rows,
     )

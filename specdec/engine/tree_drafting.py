@@ -10,7 +10,8 @@ position it expands, and grows by confidence, level by level:
    nodes, each attending to the history and its own ancestors (``specdec.engine.attention``), and adds their
    ``top_k`` children.
 3. After ``depth`` levels, the ``max_nodes`` candidates with the highest cumulative log-probability are
-   proposed, in the order they were made (parents first).
+   proposed, the likeliest first (parents first: a target short of rows keeps a tree's first nodes,
+   ``specdec.trees.fit_trees``); a static shape's nodes in the shape's order.
 
 Along a path the cumulative log-probability never rises, so a kept node's ancestors are kept too. A tie goes to
 the node made first.
@@ -61,8 +62,13 @@ class _Tree:
             node = self.parents[node]
         return out[::-1]
 
-    def proposal(self, max_nodes: int) -> Proposal:
-        keep = sorted(sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], i))[:max_nodes])
+    def proposal(self, max_nodes: int, by_score: bool = True) -> Proposal:
+        """The ``max_nodes`` likeliest candidates, the likeliest first (``by_score``: a target that must cut the
+        tree keeps its first nodes, so the likeliest; a parent is never less likely than its child, and wins a
+        tie as the one made first, so parents still come first), else in the order they were made."""
+        keep = sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], i))[:max_nodes]
+        if not by_score:
+            keep.sort()
         index = {node: i for i, node in enumerate(keep)}
         return Proposal([self.tokens[i] for i in keep],
                         parents=[index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep])
@@ -126,4 +132,5 @@ def grow_trees(runner: ModelRunner, calls: list, seqs: list[CachedSequence], fir
     for seq, root in zip(seqs, roots):
         if seq.length > root:  # the fed nodes' entries go: the next round feeds the accepted path
             runner.cache.truncate(seq, root)
-    return [tree.proposal(shape.max_nodes if static is None else len(tree.tokens)) for tree in trees]
+    return [tree.proposal(shape.max_nodes) if static is None else tree.proposal(len(tree.tokens), by_score=False)
+            for tree in trees]

@@ -20,6 +20,7 @@ from specdec.rejection import accept as accept_batch  # by the resolved backend 
 from specdec.calls import UNFINISHED, ProposeCall, VerifyCall, until_finished
 from specdec.features import FeatureChunk
 from specdec.engine.kv_manager import CachedSequence
+from specdec.engine.lean_linear import INVARIANT_TILE_ROWS
 from specdec.engine.runner import ModelRunner
 from specdec.engine.scoring import RowLogits, materialize
 from specdec.engine.tree_drafting import grow_trees
@@ -27,7 +28,7 @@ from specdec.token_mask import apply_token_bitmask
 from specdec.sampling import SamplingParams, apply_penalties, penalty_context, process_logits, sample, token_logprobs
 from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, race_noise
 from specdec.config import TreeShape
-from specdec.trees import check_parents, path_to, walk
+from specdec.trees import check_parents, fit_trees, levels, path_to, walk
 
 
 logger = logging.getLogger(__name__)
@@ -198,8 +199,12 @@ class TargetWorker:
     moving its cache pointer."""
 
     def __init__(self, runner: ModelRunner, kernels: str | None = None,
-                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING):
+                 seeded_sampling: str = DEFAULT_SEEDED_SAMPLING, tree_tile_rows: int = 0):
+        """``tree_tile_rows``: the rows a verify pass costs by (``specdec.trees.fit_trees`` cuts a batch's trees
+        so they fill no more of them than chains would); 0: by device (see ``tile_rows_of``), < 0: never cut."""
         self.runner = runner
+        self.tree_tile_rows = tile_rows_of(runner.lm.device, tree_tile_rows)
+        self.tree_nodes_cut = 0  # nodes _fit_trees left out (specdec_tree_nodes_cut_total)
         try:
             self.kernels = resolve(kernels, runner.lm.device)  # "triton" | "torch"
             # the rule of seeded sampled requests: "coupled" (draft-invariant, specdec.seeding) or "rejection"
@@ -240,7 +245,7 @@ class TargetWorker:
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
                 return call, seq, new, call.proposal.parents if call.proposal.is_tree else None, kept
 
-            results, rows = _per_call(calls, prepare)
+            results, rows = _per_call(self._fit_trees(calls), prepare)
             if rows:
                 all_logits = runner.forward_batch(
                     [r[2] for r in rows], [r[3] for r in rows],
@@ -278,6 +283,36 @@ class TargetWorker:
                     except SpecDecError as exc:  # one row's error stays with that row
                         results[i] = exc
         return results
+
+    def _fit_trees(self, calls: list[VerifyCall]) -> list[VerifyCall]:
+        """The calls with their trees cut to the pass's rows (``fit_trees``): many sequences in one pass share
+        the rows one sequence's tree has alone. A tree's first nodes are kept (its drafter puts the likeliest
+        first); a call whose tree is malformed is left whole, for ``prepare`` to refuse."""
+        trees = []
+        for i, call in enumerate(calls):
+            if call.proposal.is_tree and self._tree_pass(call):
+                try:
+                    check_parents(call.proposal.parents, len(call.proposal.draft_token_ids))
+                except InvalidRequestError:
+                    continue
+                trees.append(i)
+        if not trees or self.tree_tile_rows <= 0:
+            return calls
+        cached = {c.sequence_id: s.length for c in calls if (s := self.runner.sequences.get(c.sequence_id))}
+
+        def history_rows(call: VerifyCall) -> int:  # the tokens the pass feeds before the drafts (>= the root)
+            return max(1, len(call.token_ids) - cached.get(call.sequence_id, 0))
+
+        other = sum(history_rows(c) + (0 if i in trees else len(c.proposal.draft_token_ids))
+                    for i, c in enumerate(calls))
+        keep = fit_trees([len(calls[i].proposal.draft_token_ids) for i in trees],
+                         [levels(calls[i].proposal.parents) for i in trees], other, self.tree_tile_rows)
+        calls = list(calls)
+        for i, n in zip(trees, keep):
+            if n < len(calls[i].proposal.draft_token_ids):
+                self.tree_nodes_cut += len(calls[i].proposal.draft_token_ids) - n
+                calls[i] = replace(calls[i], proposal=calls[i].proposal.truncated(n))
+        return calls
 
     def _tree_pass(self, call: VerifyCall) -> bool:
         """Whether the call's tree is verified as a tree (else as its first branch): the lean forward, and none
@@ -394,6 +429,16 @@ def taken_features(seq: CachedSequence, start: int, end: int) -> FeatureChunk | 
     begin = max(start, first)
     rows = rows[begin - first: end - first]
     return FeatureChunk(begin, rows.shape[0], rows.shape[1], str(rows.dtype).removeprefix("torch."), rows)
+
+
+def tile_rows_of(device: Any, tree_tile_rows: int = 0) -> int:
+    """The rows a verify pass costs by: ``tree_tile_rows`` when set (> 0; < 0: no tiles, trees are never cut),
+    else by device: a CPU's batch-invariant tile (16 rows: a pass of 1-16 rows costs about one of 1, 17 steps up
+    by ~1.5x; ``benchmarks/bench_verify_rows.py``), 64 rows on CUDA (a GPU's pass is flat much further for a
+    small model: a guess, not measured here)."""
+    if tree_tile_rows:
+        return tree_tile_rows
+    return INVARIANT_TILE_ROWS if torch.device(device).type == "cpu" else 64
 
 
 def race_winner(q: torch.Tensor, seed: int, position: int) -> int:

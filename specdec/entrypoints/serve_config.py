@@ -42,7 +42,8 @@ BACKEND_SHARED = ("revision", "max_model_len", "num_threads", "kernels")  # revi
 DRAFT_SAME = ("draft_top_n",)
 # Target-service settings that are flags of serve under the same name.
 TARGET_SAME = ("seeded_sampling", "batch_invariant",  # the target's: the draft's numerics never change the output
-               "quantization")  # the target's --quantization; the draft's is speculative_config's "quantization"
+               "quantization",  # the target's --quantization; the draft's is speculative_config's "quantization"
+               "tree_tile_rows")
 # Gateway settings under another name in serve (vLLM's: --port is HTTP).
 GATEWAY_RENAMED = {"port": "grpc_port", "http_port": "port"}
 # part -> field -> the speculative_config key that sets it.

@@ -130,7 +130,7 @@ class Backend:
                  compute: ComputeThread | None = None, tli_proposals: str = "text",
                  lookup: Any = None, model_free: str | None = None, model_k: int | None = None,
                  seeded_sampling: str = DEFAULT_SEEDED_SAMPLING, eagle_target: str | None = None,
-                 tree_shape: Any = None):
+                 tree_shape: Any = None, tree_tile_rows: int = 0):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -140,6 +140,7 @@ class Backend:
         self.target_tokenizer = target_tokenizer
         self.tli_proposals = tli_proposals
         self.seeded_sampling = seeded_sampling  # the target's rule for seeded sampled requests
+        self.tree_tile_rows = tree_tile_rows  # the target's: the rows its passes cost by (TargetWorker)
         # lookup drafting (n-gram or suffix; ``lookup`` makes each sequence's index, see
         # SpeculativeConfig.lookup_indexes): alone (model_free names the method; no model is loaded) or
         # before the draft model (hybrid)
@@ -204,9 +205,17 @@ class Backend:
                 self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k)
             run = self.worker.propose_batch
         else:
-            self.worker = TargetWorker(self.runner, kernels=cfg.kernels, seeded_sampling=self.seeded_sampling)
+            self.worker = TargetWorker(self.runner, kernels=cfg.kernels, seeded_sampling=self.seeded_sampling,
+                                       tree_tile_rows=self.tree_tile_rows)
             run = self.worker.verify_batch
         self._start(run)
+
+    def _scheduler_stats(self) -> dict:
+        """The pass scheduler's counts, and a target's token-tree nodes cut to fit its passes."""
+        stats = self.runner.scheduler.stats()
+        if self.role == "target":
+            stats["tree_nodes_cut"] = self.worker.tree_nodes_cut
+        return stats
 
     def _start(self, run) -> None:
         """The batcher, the warm-up, the expiry loop; then ready."""
@@ -225,7 +234,7 @@ class Backend:
         self.metrics.track_cached(lambda: len(self.runner.sequences))
         if self.lm is not None:  # an n-gram draft holds no KV
             self.metrics.track_kv_cache(self.runner.kv_stats)
-            self.metrics.track_scheduler(self.runner.scheduler.stats)
+            self.metrics.track_scheduler(self._scheduler_stats)
         if isinstance(self.lookup, SuffixCache):
             self.metrics.track_suffix_cache(self.lookup)
         set_build_info(self.role, cfg.model if self.lm is not None or self.head_info else self.model_free,

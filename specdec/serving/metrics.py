@@ -201,16 +201,21 @@ class _SchedulerCollector(_KVCacheCollector):
             GaugeMetricFamily("specdec_max_num_batched_tokens", "Tokens one pass feeds at most.", labels=LABELS),
             GaugeMetricFamily("specdec_prefill_chunk_tokens", "A long prompt's tokens per pass while other sequences "
                               "decode (--long-prefill-token-threshold, or as measured when it is 0).", labels=LABELS),
+            CounterMetricFamily("specdec_tree_nodes_cut", "Token-tree nodes the target left out of its verify passes "
+                                "so that a pass's trees fill no more tiles than chains would (--tree-tile-rows).",
+                                labels=LABELS),
         )
 
     def collect(self):
-        tokens, passes, budget, chunk = families = self._families()
+        tokens, passes, budget, chunk, cut = families = self._families()
         for labels, st in self._read():
             for kind, n in st["tokens"].items():
                 tokens.add_metric((*labels, kind), float(n))
             passes.add_metric(labels, float(st["passes"]))
             budget.add_metric(labels, float(st["max_num_batched_tokens"]))
             chunk.add_metric(labels, float(st["prefill_chunk_tokens"]))
+            if "tree_nodes_cut" in st:  # a target's
+                cut.add_metric(labels, float(st["tree_nodes_cut"]))
         return families
 
 

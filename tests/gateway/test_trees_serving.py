@@ -86,7 +86,52 @@ def test_draft_model_trees_served_are_the_target_alone(servers, target_dir, good
                 assert (got.text, got.token_ids) == offline_greedy(target_llm, prompt, N)
     trees = [args[2] for args, _ in hook.seen if args[2].is_tree]
     assert trees and all(len(p.draft_token_ids) <= 10 for p in trees)
-    # the root's children (at most its top 3, the likeliest first) come first
+    # at most the root's top 3 children; the likeliest node first (a root child), every parent before its children
     for p in trees:
-        roots = p.parents.count(-1)
-        assert 1 <= roots <= 3 and p.parents[:roots] == [-1] * roots, p.parents
+        assert 1 <= p.parents.count(-1) <= 3 and p.parents[0] == -1, p.parents
+        assert all(-1 <= parent < i for i, parent in enumerate(p.parents)), p.parents
+
+
+def test_two_streams_share_one_passs_rows(servers, target_dir, good_draft_dir, target_llm):
+    """Two streams' draft-model trees of 15 nodes in one verify pass are cut to the tile one tree has alone
+    (--tree-tile-rows, 16 on a CPU): each pass of two trees keeps 14 nodes, the cut nodes are counted on
+    /metrics, and both outputs are the target's."""
+    from tests.services_conftest_helpers import PROMPTS
+
+    target = servers.target(target_dir)
+    draft = servers.draft(good_draft_dir, speculative_token_tree="dynamic", speculative_eagle_topk=4,
+                          speculative_num_draft_tokens=15)
+    gw = servers.gateway(target, draft, num_speculative_tokens=3)
+    worker = target.backend.worker
+    seen: list[tuple[list[int], list[int]]] = []
+    original = worker._fit_trees
+
+    def recording(calls):
+        out = original(calls)
+        trees = [(len(c.proposal.draft_token_ids), len(o.proposal.draft_token_ids))
+                 for c, o in zip(calls, out) if c.proposal.is_tree]
+        if trees:
+            seen.append(([a for a, _ in trees], [b for _, b in trees]))
+        return out
+
+    worker._fit_trees = recording
+    with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        try:
+            runs = [run_in_thread(lambda p=p: generate(stub, generate_request(p, max_tokens=N, k=3)))
+                    for p in PROMPTS[:2]]
+            for thread, _ in runs:
+                thread.join(120)
+        finally:
+            del worker._fit_trees
+    for prompt, (_, box) in zip(PROMPTS, runs):
+        assert (box["result"].text, box["result"].token_ids) == offline_greedy(target_llm, prompt, N)
+    shared = [(sent, kept) for sent, kept in seen if len(sent) == 2 and sum(sent) == 30]
+    assert shared, f"no pass verified two whole trees: {seen}"
+    for sent, kept in shared:  # 2 history rows + 14 nodes: one tile
+        assert kept == [7, 7], (sent, kept)
+    text = parse(M.exposition().decode())
+    assert worker.tree_nodes_cut >= 16 * len(shared)
+    # (other targets of this process serve the same model: their series add to it)
+    assert total(text, "specdec_tree_nodes_cut_total", service="target", model_name=str(target_dir)) >= \
+        worker.tree_nodes_cut

@@ -87,7 +87,8 @@ EVERY_CONFIG = {
                           "sequence_ttl_seconds": 600.5, "max_batch_size": 8, "batch_wait_ms": 0,
                           "num_threads": 2, "lean_forward": False, "kv_cache_memory": 4294967296,
                           "block_size": 16, "enable_prefix_caching": True, "gpu_memory_utilization": 0.85,
-                          "seeded_sampling": "rejection", "batch_invariant": True, "quantization": "int8"}},
+                          "seeded_sampling": "rejection", "batch_invariant": True, "quantization": "int8",
+                          "tree_tile_rows": 32}},
 }
 
 CASES = {

@@ -9,16 +9,21 @@ first branch is caught."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 import torch
 
 from specdec.engine.runner import ModelRunner
-from specdec.engine.workers import TargetWorker
+from specdec.engine.workers import TargetWorker as _TargetWorker
+from specdec.calls import VerifyCall
 from specdec.proposal import Proposal
 from specdec.sampling_params import SamplingParams
 from specdec.trees import path_to
+
+# the trees here are verified whole (the cut to a pass's tiles is tested on its own, at the end)
+TargetWorker = functools.partial(_TargetWorker, tree_tile_rows=-1)
 
 PROMPT = [1, 504, 2830, 6354, 17, 4, 280, 9023, 14, 618, 41, 88]
 
@@ -266,3 +271,38 @@ def test_trees_under_prefix_sharing_and_preemption(target_lm):
             out += result.emitted(drafts)
     assert outs["a"][:40] == truth[:40] and outs["b"][:40] == truth[:40]
     assert preempted > 0 or runner.kv.preemptions > 0, "the pool never ran short: the test did not test preemption"
+
+
+def test_a_batch_of_trees_is_cut_to_the_rows_one_tree_has_alone(target_lm):
+    """Two sequences' trees of 15 nodes (2 x 16 rows: two tiles) share one 16-row tile: each keeps its first 7
+    nodes, the output stays the target's, and the pass holds 16 rows. A tree alone keeps all 15."""
+    worker = _TargetWorker(_runner(target_lm, batch_invariant=True))
+    assert worker.tree_tile_rows == 16  # a CPU's batch-invariant tile
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    truth = _alone(worker, params, 8)
+    for sid in ("a", "b", "solo"):  # the prompts in the caches: the next pass feeds one history token each
+        worker.verify(sid, list(PROMPT), Proposal([]), params)
+    history = list(PROMPT) + truth[:1]
+    parents = [-1, 0, 1, 2] + [-1] * 11  # the likeliest first: a chain of truth[1:5], then 11 other roots
+    drafts = truth[1:5] + [truth[1] + 1 + i for i in range(11)]
+    rows = []
+    original = worker.runner.forward_batch
+
+    def counting(seqs, feeds, *args, **kw):
+        rows.append(sum(len(f) for f in feeds))
+        return original(seqs, feeds, *args, **kw)
+
+    worker.runner.forward_batch = counting
+    calls = [VerifyCall(sid, history, Proposal(drafts, parents=parents), params) for sid in ("a", "b")]
+    results = worker.verify_batch(calls)
+    assert rows == [16]  # 2 history rows + 7 nodes each
+    for r in results:
+        assert r.accepted_path == [0, 1, 2, 3] and r.next_token_id == truth[5]
+    alone = worker.verify("solo", history, Proposal(drafts, parents=parents), params)
+    assert rows[-1] == 16 and alone.accepted_path == [0, 1, 2, 3]  # 1 + 15: the whole tree
+    whole = _TargetWorker(_runner(target_lm, batch_invariant=True), tree_tile_rows=-1)
+    for sid in ("a", "b"):
+        whole.verify(sid, list(PROMPT), Proposal([]), params)
+    whole.runner.forward_batch = counting
+    whole.verify_batch(calls)
+    assert rows[-1] == 32  # never cut: two tiles
