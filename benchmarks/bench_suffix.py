@@ -165,9 +165,11 @@ def generate(stub, prompt: str, max_tokens: int) -> dict:
             "passes": last.stats.num_target_passes}
 
 
-def start_stacks(es: contextlib.ExitStack, specs: dict, args, fmt, requests: int) -> dict:
+def start_stacks(es: contextlib.ExitStack, specs: dict, args, fmt, requests: int,
+                 serve_options: dict[str, dict] | None = None) -> dict:
     """Each setup's ``specdec serve`` stack (in this process with ``--in-process``) on ``args.target``, entered on
-    ``es``, and a warmed-up gRPC stub per setup (a "default" spec: serve's default pair with ``args.draft``)."""
+    ``es``, and a warmed-up gRPC stub per setup (a "default" spec: serve's default pair with ``args.draft``);
+    ``serve_options``: a setup's further serve settings (by label)."""
     started = time.perf_counter()
     stacks, stubs = {}, {}
     for label, spec in specs.items():
@@ -175,7 +177,7 @@ def start_stacks(es: contextlib.ExitStack, specs: dict, args, fmt, requests: int
             spec = specs[label] = {**default_speculative_config(), "model": args.draft}
         cfg = dict(model=args.target, host="127.0.0.1", grpc_port=0, port=-1, dtype=args.dtype,
                    draft_dtype=args.dtype, num_threads=args.threads,
-                   speculative_config=None if spec is None else json.dumps(spec))
+                   speculative_config=None if spec is None else json.dumps(spec), **(serve_options or {}).get(label, {}))
         stacks[label] = es.enter_context(InProcessStack(cfg) if args.in_process else ServedStack(cfg))
     for label, st in stacks.items():
         channel = es.enter_context(grpc.insecure_channel(f"127.0.0.1:{st.ports()[0]}"))

@@ -700,3 +700,26 @@ def test_smoke_trees_runs_a_subset_of_setups(tmp_path):
     assert sorted({r["setup"] for r in data["rows"]}) == ["n-gram k=8 chains", "n-gram k=8 trees", "target alone"]
     assert all("streams" in goal for goal in data["goals"])  # the goals read rows not run here
     assert all(r["identical"] for r in data["rows"])
+
+
+# --------------------------------------------------------------------------------------------------
+# bench_tree_load.py: token trees under load, cut to the pass's tiles against never cut
+
+
+TREE_LOAD_SETUPS = ["target alone", "default chains", "default trees, cut to the tile", "default trees, never cut"]
+TREE_LOAD = Expected(
+    "bench_tree_load.py", ["setup", "streams", "tokens/s", "speedup", "tokens/pass", "identical"],
+    "setup", TREE_LOAD_SETUPS * 2,
+    {"target", "draft", "dtype", "max_tokens", "cpu", "setups", "goals", "checks", "measured_seconds"},
+    numeric=["tokens/s", "speedup", "tokens/pass"])
+
+
+@pytest.mark.heavy
+def test_smoke_tree_load(tmp_path):
+    stdout, data = run_smoke(TREE_LOAD, tmp_path)
+    check(TREE_LOAD, stdout, data)
+    assert_reported(stdout, data)
+    assert [r["streams"] for r in data["rows"]] == [1] * 4 + [2] * 4
+    assert all(r["identical"] for r in data["rows"])
+    assert data["setups"]["default trees, cut to the tile"]["speculative_token_tree"] == "dynamic"
+    assert "speculative_token_tree" not in data["setups"]["default chains"]
