@@ -706,7 +706,8 @@ def test_smoke_trees_runs_a_subset_of_setups(tmp_path):
 # bench_tree_load.py: token trees under load, cut to the pass's tiles against never cut
 
 
-TREE_LOAD_SETUPS = ["target alone", "default chains", "default trees, cut to the tile", "default trees, never cut"]
+TREE_LOAD_SETUPS = ["target alone", "draft model chains", "draft model trees, cut to the tile",
+                    "draft model trees, never cut", "default pair, cut to the tile", "default pair, never cut"]
 TREE_LOAD = Expected(
     "bench_tree_load.py", ["setup", "streams", "tokens/s", "speedup", "tokens/pass", "identical"],
     "setup", TREE_LOAD_SETUPS * 2,
@@ -719,7 +720,8 @@ def test_smoke_tree_load(tmp_path):
     stdout, data = run_smoke(TREE_LOAD, tmp_path)
     check(TREE_LOAD, stdout, data)
     assert_reported(stdout, data)
-    assert [r["streams"] for r in data["rows"]] == [1] * 4 + [2] * 4
+    assert [r["streams"] for r in data["rows"]] == [1] * 6 + [2] * 6
     assert all(r["identical"] for r in data["rows"])
-    assert data["setups"]["default trees, cut to the tile"]["speculative_token_tree"] == "dynamic"
-    assert "speculative_token_tree" not in data["setups"]["default chains"]
+    assert data["setups"]["draft model trees, cut to the tile"]["speculative_token_tree"] == "dynamic"
+    assert "speculative_token_tree" not in data["setups"]["draft model chains"]
+    assert len(data["goals"]) == 4
