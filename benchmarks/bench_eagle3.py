@@ -7,7 +7,9 @@ drafting one ``specdec serve`` stack in a process of its own:
   * the embedded default pair (``specdec.config.default_speculative_config()``: suffix hybrid with the distilled
     draft);
   * EAGLE-3 (``{"method": "eagle3", "model": HEAD}``; default: the shipped ``smollm2-135m-eagle3``) at each
-    ``--ks`` (the request's ``num_speculative_tokens``).
+    ``--ks`` (the request's ``num_speculative_tokens``);
+  * the head's token trees (``"speculative_token_tree": "dynamic"``: its top 4 per expanded candidate, 15 nodes)
+    at each ``--tree-ks`` depth, a stack of their own.
 
 Prompts: ``specdec/assets/prompts/chat.json`` (16 open-ended chat requests, 8 input-grounded; none is among the
 prompts the head was trained on), through the target's chat template, answers to EOS or ``--max-tokens``.
@@ -95,6 +97,8 @@ def main() -> int:
     ap.add_argument("--head", default=DEFAULT_HEAD, help=f"the EAGLE-3 head (default: the shipped {DEFAULT_HEAD})")
     ap.add_argument("--dtype", default="auto", help="both sides' dtype (default auto: each service's default)")
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4])
+    ap.add_argument("--tree-ks", type=int, nargs="*", default=[3], help="depths of the head's token-tree rows "
+                    "(speculative_token_tree dynamic, SGLang's defaults: top 4, 15 nodes); none: no tree rows")
     ap.add_argument("--sampled-k", type=int, default=3)
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.7, 1.0])
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -117,9 +121,13 @@ def main() -> int:
         args.temperatures, args.in_process, args.dtype = [0.7], True, "float32"
     specs = {"target": None, "default": default_speculative_config(),
              "eagle3": {"method": "eagle3", "model": args.head, "num_speculative_tokens": max(args.ks + [args.sampled_k])}}
+    if args.tree_ks:
+        specs["eagle3 trees"] = {**specs["eagle3"], "num_speculative_tokens": max(args.tree_ks),
+                                 "speculative_token_tree": "dynamic"}
     setups = [Setup("target alone", "target", None, "target"),
               Setup("default pair (suffix hybrid)", "default", None, "default")]
     setups += [Setup(f"eagle3 k={k}", "eagle3", k, "eagle3") for k in args.ks]
+    setups += [Setup(f"eagle3 trees, depth {k}", "eagle3 trees", k, "eagle3") for k in args.tree_ks]
     sets_prompts = load_prompts(Path(args.prompts), args.prompts_per_set)
     fmt = chat_formatter(args.target, True)
     messages = sets_prompts["open-ended"] + sets_prompts["input-grounded"]

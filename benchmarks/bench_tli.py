@@ -8,7 +8,7 @@ Side by side in one run, same prompts and k:
 
 Rows: the target alone; specdec TLI with greedy drafting (temperature 0), proposing the drafted text
 in target ids (``tli_proposals="text"``, the default) and intersection tokens only
-(``"intersection"``); HF UAG (``generate(assistant_model=, tokenizer=, assistant_tokenizer=)``,
+(``"intersection"``), and intersection tokens as token trees; HF UAG (``generate(assistant_model=, tokenizer=, assistant_tokenizer=)``,
 greedy); and sampled rows (temperature 0.7) for specdec TLI with greedy and probabilistic drafting.
 Each specdec setting is an ``LLM`` of its own (its ``speculative_config``), built when its rows run.
 "tokens/pass" counts output tokens per target forward pass (1.0 = no speculation), comparable across
@@ -184,6 +184,9 @@ def main() -> int:
 
     llm = make({**spec, "tli_proposals": "intersection"})
     r_int = run_llm(llm, prompts, greedy)
+    # the same with token trees (k levels, the draft's top 4 per expanded node, 15 nodes: specdec.engine.tree_drafting)
+    llm = make({**spec, "tli_proposals": "intersection", "speculative_token_tree": "dynamic"})
+    r_tree = run_llm(llm, prompts, greedy)
 
     r_p = None
     if not args.no_sampled:
@@ -198,6 +201,8 @@ def main() -> int:
         {"method": "target alone (greedy)", **r_base},
         {"method": f"specdec TLI greedy draft, text proposals, k={k} (greedy)", **r_tli, "identical": same(r_tli)},
         {"method": f"specdec TLI greedy draft, intersection proposals, k={k} (greedy)", **r_int, "identical": same(r_int)},
+        {"method": f"specdec TLI greedy draft, intersection trees, depth {k} (greedy)", **r_tree,
+         "identical": same(r_tree)},
         {"method": f"HF UAG k={k} (greedy)", **r_hf, "identical": same(r_hf)},
     ]
     if r_hf_s is not None:

@@ -144,12 +144,12 @@ SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_req
                "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 # speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets each drafter grow
 # token trees, verified in one pass: suffix decoding its trees' branches (up to num_speculative_tokens nodes), a
-# draft model top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens) or a static shape
-# (vLLM's syntax: parse_token_tree). N-gram and EAGLE-head trees are not built yet.
+# draft model or an EAGLE-3 head top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens),
+# n-gram lookup its matches' continuations, or a static shape for a draft model (vLLM's syntax: parse_token_tree).
 TREE_KEYS = ("speculative_token_tree", "speculative_eagle_topk", "speculative_num_draft_tokens")
 DRAFT_KEYS = SUFFIX_KEYS + TREE_KEYS  # what the draft service takes of a speculative_config beside its model
 TOKEN_TREES = (DYNAMIC,)
-TREE_METHODS = ("suffix", "draft_model", "ngram")
+TREE_METHODS = ("suffix", "draft_model", "ngram", "eagle3")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 TLI_PROPOSALS = ("text", "intersection")  # how a TLI draft's greedy drafts become target ids
 
@@ -281,7 +281,8 @@ class SpeculativeConfig:
 
     def tree_shape(self) -> TreeShape | None:
         """How the draft model grows its trees (None: it drafts chains)."""
-        if self.speculative_token_tree is None or self.model is None or self.use_heterogeneous_vocab:
+        if self.speculative_token_tree is None or self.model is None or (
+                self.use_heterogeneous_vocab and self.tli_proposals != "intersection"):
             return None
         static = None if self.speculative_token_tree == DYNAMIC else parse_token_tree(self.speculative_token_tree)
         return TreeShape(self.speculative_eagle_topk, self.speculative_num_draft_tokens, static)
@@ -385,11 +386,12 @@ class SpeculativeConfig:
                                       "use \"dynamic\"")
             if self.method not in TREE_METHODS:
                 raise ConfigError(f"speculative_token_tree {self.speculative_token_tree!r} grows trees from suffix "
-                                  f"decoding, n-gram lookup and draft models; method {self.method!r} drafts chains "
-                                  "(EAGLE-head trees are not built yet)")
-            if self.use_heterogeneous_vocab:
-                raise ConfigError("speculative_token_tree needs one vocabulary: a TLI draft's proposals are chains "
-                                  "(unset use_heterogeneous_vocab or speculative_token_tree)")
+                                  f"decoding, n-gram lookup, draft models and EAGLE-3 heads; method {self.method!r} "
+                                  "drafts chains")
+            if self.use_heterogeneous_vocab and self.tli_proposals != "intersection":
+                raise ConfigError("speculative_token_tree with use_heterogeneous_vocab needs tli_proposals "
+                                  "\"intersection\": a TLI draft's text proposals are retokenized paths, chains only "
+                                  "(set tli_proposals \"intersection\", or unset speculative_token_tree)")
         for key, high in (("speculative_eagle_topk", 16), ("speculative_num_draft_tokens", 32)):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:

@@ -43,7 +43,7 @@ def eagle3_workers(cfg: SpeculativeConfig, target: LoadedModel, target_worker: T
                              target_embedding=embedding.detach().float(), device=device)
     relay = FeatureRelay(layers)
     worker = Eagle3Worker(HeadStore(head, max_model_len), cfg.draft_sample_method,
-                          eos_token_ids=frozenset(target.eos_token_ids))
+                          eos_token_ids=frozenset(target.eos_token_ids), tree=cfg.tree_shape())
     return RelayedDraft(worker, relay), RelayedTarget(target_worker, relay)
 
 

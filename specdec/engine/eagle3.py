@@ -149,16 +149,17 @@ class Eagle3Head(nn.Module):
         return self.lm_head(_rms(h, self.norm, eps)), h
 
     def step(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-             cache: "HeadCache") -> tuple[torch.Tensor, torch.Tensor]:
+             cache: "HeadCache", mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's pass: tokens ``ids`` [n] at ``positions`` [n] (consecutive, from ``cache.length``), each
         beside the feature of the position before it [n, 3 x target hidden or hidden]. Appends to ``cache``;
-        returns (draft logits [n, draft_vocab] fp32, prenorm [n, hidden])."""
+        returns (draft logits [n, draft_vocab] fp32, prenorm [n, hidden]). ``mask`` [n, cache entries after the
+        append] (True: attends): a token tree's nodes, each attending to the history and its own path; default
+        causal."""
         hidden = self.combine(features.to(self.fc.weight.dtype))
         q, k, v = self._qkv(ids, hidden, positions)
         keys, values = cache.append(k, v)
         n, past = ids.shape[0], cache.length - ids.shape[0]
-        mask = None
-        if n > 1:
+        if mask is None and n > 1:
             mask = torch.arange(past + n, device=ids.device)[None] <= (past + torch.arange(n, device=ids.device))[:, None]
         attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
                                               enable_gqa=self.cfg.num_key_value_heads != self.cfg.num_attention_heads)

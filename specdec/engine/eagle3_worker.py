@@ -21,7 +21,9 @@ import torch
 
 from specdec.calls import ProposeCall
 from specdec.drafting_state import DraftingState
+from specdec.config import TreeShape
 from specdec.engine.eagle3 import Eagle3Head, HeadCache
+from specdec.engine.tree_drafting import CandidateTree
 from specdec.engine.workers import check_draft_sample_method, race_winner, truncate_top_n
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.feature_rows import chunk_rows
@@ -85,8 +87,11 @@ class Eagle3Worker:
     """The draft worker interface (``propose`` / ``propose_batch`` / ``release``) over an EAGLE-3 head."""
 
     def __init__(self, store: HeadStore, draft_sample_method: str = "greedy", top_n: int | None = None,
-                 eos_token_ids: frozenset[int] = frozenset()):
+                 eos_token_ids: frozenset[int] = frozenset(), tree: TreeShape | None = None):
+        """``tree``: greedy drafting grows EAGLE-2's dynamic trees (top-k children of the likeliest candidates, level
+        by level, the best ``max_nodes`` proposed: ``_propose_tree``); None: chains."""
         check_draft_sample_method(draft_sample_method)
+        self.tree = tree
         self.runner = store
         self.head = store.head
         self.draft_sample_method = draft_sample_method
@@ -154,6 +159,8 @@ class Eagle3Worker:
         if seq.consumed < len(tokens) - 1 or seq.last is None or k == 0:
             return Proposal([], features_from=seq.consumed)
         probabilistic = method == "probabilistic" and not call.params.greedy
+        if self.tree is not None and not probabilistic:
+            return self._propose_tree(call, seq, tokens, self.tree)
         drafts, qs = [], []
         logits, prenorm = seq.last
         device = prenorm.device
@@ -178,6 +185,54 @@ class Eagle3Worker:
                 drafts.append(int(last.argmax()))
         seq.cache.truncate(seq.consumed)  # drafted entries never outlive the round
         return Proposal(drafts, torch.stack(qs) if qs else None, features_from=seq.consumed)
+
+    def _propose_tree(self, call: ProposeCall, seq: _HeadSequence, tokens: list[int], shape: TreeShape) -> Proposal:
+        """EAGLE-2's dynamic tree from the head: the root's top-k children from the head's last output; each level
+        feeds the top-k candidates by cumulative log-probability in one head pass (each beside its parent's output,
+        at its depth's position, attending to the history and its own path) and adds their top-k children; after
+        ``num_speculative_tokens`` levels the ``max_nodes`` likeliest are proposed, likeliest first. The nodes'
+        cache entries go after the round, as a chain's drafts do."""
+        logits, prenorm = seq.last
+        device, past = prenorm.device, seq.cache.length
+        tree, top = CandidateTree(), list(range(shape.top_k))
+        hidden = {-1: prenorm}  # node -> the head's output after it (the feature of its children)
+        fed: list[int] = []  # nodes in cache order after the history
+        depth = {-1: -1}
+
+        def logprobs(node: int, row: torch.Tensor) -> torch.Tensor:
+            last = self.head.to_target_logits(row)
+            if call.params.has_penalties:  # as the target will process that position (the path counts as generated)
+                last = apply_penalties(last, call.params, penalty_context(call.params, tokens, self.eos_token_ids,
+                                                                          after=tree.path(node)))
+            return torch.log_softmax(last.float(), dim=-1)
+
+        tree.add_children(-1, logprobs(-1, logits), top)
+        for _ in range(1, call.num_speculative_tokens):
+            expand = sorted(tree.level, key=lambda i: (-tree.scores[i], i))[:shape.top_k]
+            for n in expand:
+                depth[n] = depth[tree.parents[n]] + 1
+            mask = torch.zeros(len(expand), past + len(fed) + len(expand), dtype=torch.bool, device=device)
+            mask[:, :past] = True
+            for j, n in enumerate(expand):
+                node = n
+                while node >= 0:  # its path: itself (fed now) and its ancestors (fed before)
+                    mask[j, past + (len(fed) + j if node == n else fed.index(node))] = True
+                    node = tree.parents[node]
+            ids = torch.tensor([tree.tokens[n] for n in expand], dtype=torch.long, device=device)
+            features = torch.stack([hidden[tree.parents[n]] for n in expand])
+            positions = torch.tensor([len(tokens) - 1 + depth[n] for n in expand], device=device)
+            rows, outs = self.head.step(ids, features, positions, seq.cache, mask=mask)
+            fed += expand
+            level = []
+            for j, n in enumerate(expand):
+                hidden[n] = outs[j]
+                tree.add_children(n, logprobs(n, rows[j]), top)
+                level += tree.level
+            tree.level = level
+        seq.cache.truncate(seq.consumed)  # drafted entries never outlive the round
+        proposal = tree.proposal(shape.max_nodes)
+        proposal.features_from = seq.consumed
+        return proposal
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
         (result,) = self.propose_batch([ProposeCall(sequence_id, token_ids, num_speculative_tokens, params)])

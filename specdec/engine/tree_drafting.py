@@ -35,7 +35,9 @@ from specdec.config import TreeShape
 
 
 @dataclass
-class _Tree:
+class CandidateTree:
+    """A tree's candidates as they are made (a draft model's here, an EAGLE-3 head's in ``eagle3_worker``)."""
+
     tokens: list[int] = field(default_factory=list)  # every candidate, in the order made
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # cumulative log-probabilities
@@ -75,28 +77,32 @@ class _Tree:
 
 
 def grow_trees(runner: ModelRunner, calls: list, seqs: list[CachedSequence], first: list[torch.Tensor],
-               shape: TreeShape, eos_token_ids) -> list[Proposal]:
+               shape: TreeShape, eos_token_ids, restrict=None) -> list[Proposal]:
     """Trees for sequences whose history the runner just fed (``first[i]``: its logits, the last row the root's).
-    ``calls[i].num_speculative_tokens`` is the tree's depth (at most a static shape's)."""
-    trees = [_Tree() for _ in calls]
+    ``calls[i].num_speculative_tokens`` is the tree's depth (at most a static shape's). ``restrict``: a TLI
+    draft's mask of the tokens outside the vocabularies' intersection (its candidates are intersection tokens; the
+    request's penalties, over target ids, are the target's alone)."""
+    trees = [CandidateTree() for _ in calls]
     roots = [s.length for s in seqs]
     static = shape.static
     top = list(range(shape.top_k))
 
-    def ranks_under(tree: _Tree, node: int) -> list[int]:
+    def ranks_under(tree: CandidateTree, node: int) -> list[int]:
         """The child ranks to add under ``node`` (-1: the root): the static shape's, else the top k."""
         if static is None:
             return top
         path = tree.ranks[node] if node >= 0 else ()
         return [p[-1] for p in static if len(p) == len(path) + 1 and p[:-1] == path]
 
-    def to_expand(tree: _Tree) -> list[int]:
+    def to_expand(tree: CandidateTree) -> list[int]:
         """The last level's candidates to expand: the shape's that have children, else the top k by score."""
         if static is not None:
             return [n for n in tree.level if ranks_under(tree, n)]
         return sorted(tree.level, key=lambda i: (-tree.scores[i], i))[:shape.top_k]
 
-    def logprobs(call, tree: _Tree, node: int, row: torch.Tensor) -> torch.Tensor:
+    def logprobs(call, tree: CandidateTree, node: int, row: torch.Tensor) -> torch.Tensor:
+        if restrict is not None:
+            return torch.log_softmax(restrict(row).float(), dim=-1)
         if call.params.has_penalties:  # as the target will process that position (the path counts as generated)
             row = apply_penalties(row, call.params, penalty_context(call.params, call.token_ids, eos_token_ids,
                                                                     after=tree.path(node)))

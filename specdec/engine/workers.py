@@ -74,12 +74,14 @@ class DraftWorker:
         # still lossless: the target's rejection step only needs the q that was sampled from.
         self.top_n = top_n
         # token trees (specdec.engine.tree_drafting): greedy drafting proposes a tree of top-k candidates instead
-        # of a chain (one vocabulary only: a TLI draft's proposals stay chains; tree passes need the lean forward)
-        self.tree = tree if tli is None and runner.supports_trees else None
+        # of a chain (a TLI draft's only over the vocabularies' intersection, each node mapped to its target id: text
+        # proposals retokenize a path, so they stay chains; tree passes need the lean forward)
+        node_ids = tli is None or tli.proposals == "intersection"
+        self.tree = tree if node_ids and runner.supports_trees else None
         if tree is not None and self.tree is None:
-            logger.warning("draft: token trees are off, proposals are chains: %s", "a TLI draft's proposals are "
-                           "chains" if tli is not None else "the draft runs transformers' forward (trees need the "
-                           "lean forward)")
+            logger.warning("draft: token trees are off, proposals are chains: %s", "a TLI draft's text proposals are "
+                           "chains (tli_proposals \"intersection\" drafts trees)" if not node_ids else
+                           "the draft runs transformers' forward (trees need the lean forward)")
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: SamplingParams) -> Proposal:
         result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
@@ -131,9 +133,11 @@ class DraftWorker:
                 grown = [j for j, lg in enumerate(logits) if isinstance(lg, torch.Tensor) and not rows[j][4]]
                 if grown:
                     trees = grow_trees(runner, [rows[j][1] for j in grown], [rows[j][2] for j in grown],
-                                       [logits[j] for j in grown], self.tree, runner.lm.eos_token_ids)
-                    for j, proposal in zip(grown, trees):
-                        results[rows[j][0]] = proposal
+                                       [logits[j] for j in grown], self.tree, runner.lm.eos_token_ids,
+                                       restrict=tli.restrict if tli is not None else None)
+                    for j, proposal in zip(grown, trees):  # (TLI: each node's draft id as its target id)
+                        results[rows[j][0]] = proposal if tli is None else Proposal(
+                            [tli.to_target(t) for t in proposal.draft_token_ids], parents=proposal.parents)
                     logits = [lg for j, lg in enumerate(logits) if j not in grown]
                     active = [j for j in active if j not in grown]
                     for j in active:  # a chain row the trees' passes preempted proposes nothing (resent next round)
@@ -271,6 +275,11 @@ class TargetWorker:
                 trees = [(r[2], len(r[1].token_ids), path) for r, (_, _, path) in zip(rows, accepted) if path]
                 if trees:  # each tree's accepted path moves to a chain's positions
                     runner.keep_path(*map(list, zip(*trees)))
+                for r, (_, _, path) in zip(rows, accepted):  # a tree's features: the history's, then the path's
+                    if r[4] is not None and r[1].feature_layers and r[2].captured:
+                        start, captured = r[2].captured[-1]
+                        history = captured.shape[0] - len(r[4])
+                        r[2].captured[-1] = (start, torch.cat([captured[:history], captured[history:][path or []]]))
                 for (i, call, seq, _, _, kept), logits, (n, next_token, path) in zip(rows, all_logits, accepted):
                     # The accepted drafts' keys/values stay; the rejected tail is dropped by moving the pointer.
                     runner.cache.truncate(seq, len(call.token_ids) + n)
@@ -316,15 +325,14 @@ class TargetWorker:
 
     def _tree_pass(self, call: VerifyCall) -> bool:
         """Whether the call's tree is verified as a tree (else as its first branch): the lean forward, and none
-        of what follows one path only (features, prompt scoring, a grammar's rows)."""
-        return (self.runner.supports_trees and not call.feature_layers and call.params.prompt_logprobs is None
+        of what follows one path only (prompt scoring, a grammar's rows). EAGLE features are the accepted
+        path's (``verify_batch`` keeps those rows of the pass's)."""
+        return (self.runner.supports_trees and call.params.prompt_logprobs is None
                 and call.proposal.token_bitmask is None)
 
     def _why_chain(self, call: VerifyCall) -> str:
         if not self.runner.supports_trees:
             return "the target runs transformers' forward (trees need the lean forward)"
-        if call.feature_layers:
-            return "the call asks for EAGLE features (one path)"
         if call.params.prompt_logprobs is not None:
             return "the call scores its prompt (prompt_logprobs)"
         return "a grammar's allowed tokens follow one path"

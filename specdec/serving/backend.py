@@ -169,8 +169,8 @@ class Backend:
         if self.eagle_target is not None:  # an EAGLE-3 head: no KV pool, its own per-sequence cache
             from specdec.serving.eagle_head import load_eagle_head
 
-            self.runner, self.worker, self.head_info = load_eagle_head(cfg, self.eagle_target,
-                                                                       self.draft_sample_method, self.draft_top_n)
+            self.runner, self.worker, self.head_info = load_eagle_head(cfg, self.eagle_target, self.draft_sample_method,
+                                                                       self.draft_top_n, self.tree_shape)
             self.max_model_len = self.runner.max_model_len
             self._start(self.worker.propose_batch)
             return

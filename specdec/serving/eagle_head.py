@@ -7,8 +7,10 @@ from typing import Any
 from specdec.model_files import load_tokenizer, resolve_model_path, tokenizer_fingerprint
 
 
-def load_eagle_head(cfg: Any, target: str, draft_sample_method: str, top_n: int | None) -> tuple[Any, Any, dict]:
-    """(the head's sequence store, its worker, its GetInfo fields) for the head ``cfg.model`` over ``target``."""
+def load_eagle_head(cfg: Any, target: str, draft_sample_method: str, top_n: int | None,
+                    tree_shape: Any = None) -> tuple[Any, Any, dict]:
+    """(the head's sequence store, its worker, its GetInfo fields) for the head ``cfg.model`` over ``target``;
+    ``tree_shape``: its token trees (None: chains)."""
     from specdec.engine.eagle3_files import load_head_for_target
     from specdec.engine.eagle3_worker import Eagle3Worker, HeadStore
     from specdec.engine.models import parse_dtype
@@ -23,7 +25,7 @@ def load_eagle_head(cfg: Any, target: str, draft_sample_method: str, top_n: int 
     eos = tokenizer.eos_token_id
     store = HeadStore(head, max_model_len, cfg.max_sequences)
     worker = Eagle3Worker(store, draft_sample_method, top_n=top_n,
-                          eos_token_ids=frozenset([eos] if eos is not None else []))
+                          eos_token_ids=frozenset([eos] if eos is not None else []), tree=tree_shape)
     fingerprint = tokenizer_fingerprint(tokenizer)
     info = {"method": "eagle3", "model_name": cfg.model, "vocab_size": shape["vocab_size"],
             "tokenizer_fingerprint": fingerprint, "proposal_tokenizer_fingerprint": fingerprint,

@@ -52,7 +52,8 @@ SERVING = Expected(
 TLI = Expected(
     "bench_tli.py", ["method", "tokens/s", "tokens/pass", "acceptance", "identical"], "method",
     ["target alone (greedy)", "specdec TLI greedy draft, text proposals, k=2 (greedy)",
-     "specdec TLI greedy draft, intersection proposals, k=2 (greedy)", "HF UAG k=2 (greedy)",
+     "specdec TLI greedy draft, intersection proposals, k=2 (greedy)",
+     "specdec TLI greedy draft, intersection trees, depth 2 (greedy)", "HF UAG k=2 (greedy)",
      "HF UAG k=2 (greedy), specdec's matmuls", "target alone (T=0.7)", "specdec TLI greedy draft (T=0.7)",
      "specdec TLI probabilistic draft (T=0.7)"],
     {"target", "draft", "k", "dtype", "draft_dtype", "max_tokens", "prompts", "intersection_size",
@@ -634,7 +635,8 @@ def test_smoke_serve_memory(tmp_path):
 
 # bench_eagle3.py: the target alone, the default pair and an EAGLE-3 head across services (in-process under --smoke)
 
-EAGLE3_SETUPS = ["target alone", "default pair (suffix hybrid)", "eagle3 k=2", "eagle3 k=3", "eagle3 k=4"]
+EAGLE3_SETUPS = ["target alone", "default pair (suffix hybrid)", "eagle3 k=2", "eagle3 k=3", "eagle3 k=4",
+                 "eagle3 trees, depth 3"]
 EAGLE3 = Expected(
     "bench_eagle3.py", ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance",
                         "tokens/pass", "identical"], "setup", EAGLE3_SETUPS * 3,
@@ -651,6 +653,7 @@ def test_smoke_eagle3(tmp_path):
                                                 for _ in EAGLE3_SETUPS]
     assert all(r["identical"] for r in data["rows"]) and data["mismatches"] == []
     assert data["stacks"]["eagle3"]["method"] == "eagle3"
+    assert data["stacks"]["eagle3 trees"]["speculative_token_tree"] == "dynamic"
     assert [r["temperature"] for r in data["sampled"]] == [0.7] and data["sampled"][0]["identical"]
     wire = data["wire"]
     assert wire["width"] == 3 * 64 and wire["bytes_per_round"] > 0 and wire["with"]["response_bytes"] > \
@@ -707,7 +710,7 @@ def test_smoke_trees_runs_a_subset_of_setups(tmp_path):
 
 
 TREE_LOAD_SETUPS = ["target alone", "draft model chains", "draft model trees, cut to the tile",
-                    "draft model trees, never cut", "default pair, cut to the tile", "default pair, never cut"]
+                    "draft model trees, never cut"]
 TREE_LOAD = Expected(
     "bench_tree_load.py", ["setup", "streams", "tokens/s", "speedup", "tokens/pass", "identical"],
     "setup", TREE_LOAD_SETUPS * 2,
@@ -720,8 +723,8 @@ def test_smoke_tree_load(tmp_path):
     stdout, data = run_smoke(TREE_LOAD, tmp_path)
     check(TREE_LOAD, stdout, data)
     assert_reported(stdout, data)
-    assert [r["streams"] for r in data["rows"]] == [1] * 6 + [2] * 6
+    assert [r["streams"] for r in data["rows"]] == [1] * 4 + [2] * 4
     assert all(r["identical"] for r in data["rows"])
     assert data["setups"]["draft model trees, cut to the tile"]["speculative_token_tree"] == "dynamic"
     assert "speculative_token_tree" not in data["setups"]["draft model chains"]
-    assert len(data["goals"]) == 4
+    assert len(data["goals"]) == 2

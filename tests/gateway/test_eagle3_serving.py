@@ -68,6 +68,31 @@ def test_served_eagle3_is_the_target_alone(target_dir, eagle3_head_dir, eagle3_p
         stack.stop(0)
 
 
+@pytest.mark.heavy
+def test_served_eagle3_trees_are_the_target_alone(target_dir, eagle3_head_dir, eagle3_prompts, target_llm):
+    """The head's token trees across services: Propose returns draft_parents, the target verifies each tree in one
+    pass and returns the accepted path's features, and the output is the target's alone."""
+    spec = {"method": "eagle3", "model": str(eagle3_head_dir), "num_speculative_tokens": 3,
+            "speculative_token_tree": "dynamic", "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 10}
+    stack = start_stack(ServeConfig(model=str(target_dir), host="127.0.0.1", grpc_port=0, port=-1, dtype="float32",
+                                    speculative_config=json.dumps(spec)))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel, \
+                hooked(stack.gateway.backend.target, "verify") as hook:
+            stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+            accepted = 0
+            for prompt, ref in zip(eagle3_prompts, _reference(target_llm, eagle3_prompts)):
+                out = generate(stub, generate_request(prompt_token_ids=prompt, max_tokens=N))
+                assert out.token_ids == ref
+                accepted += out.last.stats.num_accepted_tokens
+        trees = [(args[2], result) for args, result in hook.seen if args[2].is_tree]
+        assert trees and accepted > 0
+        for proposal, result in trees:  # each tree's path, with a feature per position it decided
+            assert len(result.accepted_path) == result.num_accepted_tokens <= len(proposal.draft_token_ids)
+    finally:
+        stack.stop(0)
+
+
 @pytest.fixture(scope="module")
 def processes(target_dir, eagle3_head_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("eagle3-logs")

@@ -92,3 +92,35 @@ def test_eagle3_refuses_what_it_cannot_do(target_dir, eagle3_head_dir, extra, me
 def test_a_head_for_another_target_is_refused(shallow_draft_dir, other_vocab_dir, eagle3_head_dir):
     with pytest.raises(ConfigError, match="another target"):
         LLM(str(other_vocab_dir), dtype="float32", speculative_config=_spec(eagle3_head_dir))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                                    SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)],
+                         ids=["greedy", "seeded"])
+def test_head_trees_are_the_targets_and_verify_more_per_pass(target_dir, eagle3_head_dir, alone, eagle3_prompts,
+                                                            params):
+    """speculative_token_tree "dynamic" with an EAGLE-3 head: the head grows top-k trees, the target verifies each
+    as a tree and returns the accepted path's features (its next round drafts from them), and the output is the
+    target's alone; greedy, the trees verify at least as many tokens per pass as the head's chains."""
+    chains = LLM(str(target_dir), dtype="float32", speculative_config=_spec(eagle3_head_dir, 3))
+    trees = LLM(str(target_dir), dtype="float32", speculative_config=_spec(
+        eagle3_head_dir, 3, speculative_token_tree="dynamic", speculative_eagle_topk=3,
+        speculative_num_draft_tokens=10))
+    seen = []
+    worker = trees._target_worker
+    inner = getattr(worker, "worker", worker)  # the relayed target wraps the TargetWorker
+    original = inner.verify_batch
+
+    def recording(calls):
+        seen.extend((c.proposal.is_tree, bool(c.feature_layers)) for c in calls)
+        return original(calls)
+
+    inner.verify_batch = recording
+    ref = _run(alone, eagle3_prompts, params)
+    got_chains, got_trees = _run(chains, eagle3_prompts, params), _run(trees, eagle3_prompts, params)
+    assert [o.token_ids for o in got_trees] == [r.token_ids for r in ref] == [o.token_ids for o in got_chains]
+    assert (True, True) in seen  # trees verified with features asked
+    if params.temperature == 0:
+        per_pass = [sum(len(o.token_ids) for o in outs) / sum(o.spec_decode_stats.num_target_passes for o in outs)
+                    for outs in (got_chains, got_trees)]
+        assert per_pass[1] >= per_pass[0], per_pass

@@ -72,9 +72,9 @@ def test_token_tree_config_is_checked(target_dir):
         LLM(str(target_dir), speculative_config={**TREE, "speculative_token_tree": "[(0,), (1,)]"})
     with pytest.raises(ConfigError, match="is not a tree shape"):
         LLM(str(target_dir), speculative_config={**TREE, "speculative_token_tree": "sometimes"})
-    with pytest.raises(ConfigError, match="drafts chains"):
+    with pytest.raises(ConfigError, match="static speculative_token_tree shapes a draft model's trees"):
         LLM(str(target_dir), speculative_config={"method": "eagle3", "model": "smollm2-135m-eagle3",
-                                                 "speculative_token_tree": "dynamic"})
+                                                 "speculative_token_tree": "[(0,), (1,)]"})
 
 
 @pytest.mark.parametrize("spec", [

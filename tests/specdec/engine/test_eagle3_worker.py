@@ -90,3 +90,53 @@ def test_bad_features_are_refused(setup):
         _propose(worker, ids[:10], [FeatureChunk(0, 9, 96, "int8", b"\0" * 864)])
     with pytest.raises(InvalidRequestError, match="max_model_len"):
         _propose(worker, list(range(63)), [], k=4)
+
+
+def _path_logits(worker, sid: str, ids: list[int], path: list[int]) -> torch.Tensor:
+    """The head's target logits after ``ids`` then ``path``, fed one token at a time as a chain drafts them."""
+    head, seq = worker.head, worker.runner.sequences[sid]
+    logits, prenorm = seq.last
+    with torch.inference_mode():  # (as the worker drafts: the cache holds inference tensors)
+        for i, token in enumerate(path):
+            out, hidden = head.step(torch.tensor([token]), prenorm[None], torch.tensor([len(ids) - 1 + i]), seq.cache)
+            logits, prenorm = out[0], hidden[0]
+        seq.cache.truncate(seq.consumed)
+        return head.to_target_logits(logits)
+
+
+def test_a_heads_tree_is_its_top_k_grown_by_confidence(setup):
+    """Every node of the head's tree is among the top-k tokens the head gives after its path fed as a chain (the
+    tree pass's mask, positions and parent features are the chain's); a tree of one child per node is the chain;
+    the likeliest node comes first and its entries go after the round."""
+    from specdec.config import TreeShape
+    from specdec.trees import path_to
+
+    worker, ids, feats = setup
+    chain = _propose(worker, ids[:20], [_chunk(feats, 0, 19)], k=4)
+    tree_worker = Eagle3Worker(worker.runner, tree=TreeShape(top_k=3, max_nodes=12))
+    tree = _propose(tree_worker, ids[:20], [], k=4)
+    assert tree.is_tree and len(tree.draft_token_ids) == 12 and tree.features_from == 19
+    assert worker.runner.sequences["s"].cache.length == 19
+    assert tree.parents[0] == -1 and tree.draft_token_ids[0] == chain.draft_token_ids[0]
+    for node, token in enumerate(tree.draft_token_ids):
+        parent = tree.parents[node]
+        before = [tree.draft_token_ids[i] for i in path_to(tree.parents, parent)] if parent >= 0 else []
+        top = _path_logits(worker, "s", ids[:20], before).topk(3).indices.tolist()
+        assert token in top, (node, before)
+    one = Eagle3Worker(worker.runner, tree=TreeShape(top_k=1, max_nodes=4))
+    assert _propose(one, ids[:20], [], k=4).draft_token_ids == chain.draft_token_ids
+
+
+def test_a_wrong_tree_mask_would_show(setup):
+    """Negative control for the test above: a node fed attending to its sibling (the chain's causal mask over the
+    level) gives other logits than its path fed as a chain."""
+    worker, ids, feats = setup
+    _propose(worker, ids[:20], [_chunk(feats, 0, 19)], k=1)
+    head, seq = worker.head, worker.runner.sequences["s"]
+    logits, prenorm = seq.last
+    roots = head.to_target_logits(logits).topk(2).indices.tolist()
+    with torch.inference_mode():
+        wrong, _ = head.step(torch.tensor(roots), torch.stack([prenorm, prenorm]), torch.tensor([19, 19]), seq.cache)
+        seq.cache.truncate(seq.consumed)
+    right = _path_logits(worker, "s", ids[:20], [roots[1]])
+    assert not torch.allclose(head.to_target_logits(wrong[1]), right, atol=1e-4)  # causal: saw its sibling

@@ -81,7 +81,7 @@ def test_tree_keys_are_checked(target_dir, good_draft_dir):
         LLM(str(target_dir), speculative_config={**base, "speculative_eagle_topk": 0})
     with pytest.raises(ConfigError, match="speculative_num_draft_tokens must be an integer"):
         LLM(str(target_dir), speculative_config={**base, "speculative_num_draft_tokens": 40})
-    with pytest.raises(ConfigError, match="one vocabulary"):
+    with pytest.raises(ConfigError, match="tli_proposals \"intersection\""):  # text proposals: chains only
         LLM(str(target_dir), speculative_config={**base, "use_heterogeneous_vocab": True})
 
 

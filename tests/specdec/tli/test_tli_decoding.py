@@ -334,3 +334,34 @@ def test_tli_suffix_hybrid_greedy_equals_target_alone(target_only):
         for prompt, out in zip(PROMPTS, outs):
             assert out.outputs[0].token_ids == target_only[prompt][1], prompt
     assert sum(o.spec_decode_stats.num_accepted_tokens for o in outs) >= MAX_TOKENS * len(PROMPTS) // 2
+
+
+def test_tli_trees_over_the_intersection_decode_like_target_alone(tiny_pair):
+    """tli_proposals "intersection" with speculative_token_tree "dynamic": the draft grows its trees over the
+    vocabularies' intersection, each node goes to the target as its target id, and the output is the target
+    alone's. (Text proposals retokenize a path: chains only, refused with trees.)"""
+    _, target_llm, target_tok = tiny_pair
+    _, draft_tok = real_tokenizers()
+    target = tiny_llama(len(target_tok), seed=0, bos=target_tok.bos_token_id, eos=target_tok.eos_token_id)
+    draft = tiny_llama(len(draft_tok), seed=1, bos=draft_tok.bos_token_id, eos=draft_tok.eos_token_id,
+                       max_pos=DRAFT_MAX_POS)
+    llm = llm_over(target, target_tok, draft, draft_tok, k=3, tli_proposals="intersection",
+                   speculative_token_tree="dynamic", speculative_eagle_topk=3, speculative_num_draft_tokens=8)
+    worker = llm._target_worker
+    seen = []
+    original = worker.verify_batch
+
+    def recording(calls):
+        seen.extend(c.proposal for c in calls)
+        return original(calls)
+
+    worker.verify_batch = recording
+    tli = llm._draft_worker.tli
+    for prompt in ("The quick brown fox", "def fibonacci(n):\n    "):
+        assert _greedy_ids(llm, prompt, 8) == _greedy_ids(target_llm, prompt, 8)
+    trees = [p for p in seen if p.is_tree]
+    assert trees and all(len(p.draft_token_ids) <= 8 for p in trees)
+    for p in trees:  # every node an intersection token, in target ids
+        assert all(tli.to_target(tli.to_draft(t)) == t for t in p.draft_token_ids)
+    with pytest.raises(ConfigError, match="tli_proposals"):
+        llm_over(target, target_tok, draft, draft_tok, k=3, speculative_token_tree="dynamic")
