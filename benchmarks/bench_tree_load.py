@@ -33,12 +33,12 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_drafting import chat_formatter, load_prompts  # noqa: E402
-from bench_suffix import generate, start_stacks  # noqa: E402
+from bench_suffix import start_stacks  # noqa: E402
+from bench_trees import run_streams  # noqa: E402
 from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, report_checks,  # noqa: E402
                     smoke_environment, smoke_models, write_json)
 
@@ -48,14 +48,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAT_FILE = ROOT / "specdec" / "assets" / "prompts" / "chat.json"
 COLUMNS = ["setup", "streams", "tokens/s", "speedup", "tokens/pass", "identical"]
 CUT, WHOLE = "draft model trees, cut to the tile", "draft model trees, never cut"
-
-
-def run_streams(stub, prompts: list[str], streams: int, max_tokens: int) -> tuple[float, list[dict]]:
-    """Every prompt, ``streams`` at a time: (tokens/s over the whole run, each prompt's result in order)."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda p: generate(stub, p, max_tokens), prompts))
-    return sum(len(r["token_ids"]) for r in results) / (time.perf_counter() - started), results
 
 
 def main() -> int:

@@ -122,11 +122,12 @@ def setups(args) -> dict[str, dict | None]:
     return {name: spec for name, spec in every.items() if name == "target alone" or any(w in name for w in wanted)}
 
 
-def concurrent_tps(stub, prompts: list[str], streams: int, max_tokens: int) -> float:
+def run_streams(stub, prompts: list[str], streams: int, max_tokens: int) -> tuple[float, list[dict]]:
+    """Every prompt, ``streams`` at a time: (tokens/s over the whole run, each prompt's result in order)."""
     started = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
         results = list(pool.map(lambda p: generate(stub, p, max_tokens), prompts))
-    return sum(len(r["token_ids"]) for r in results) / (time.perf_counter() - started)
+    return sum(len(r["token_ids"]) for r in results) / (time.perf_counter() - started), results
 
 
 def main() -> int:
@@ -177,7 +178,7 @@ def main() -> int:
         if args.streams:
             batch = [fmt(m) for m in agent_requests(2 * args.streams, seed=2)]
             for label in (labels[1], labels[2], labels[1], labels[2]):  # twice each, alternating
-                tps = concurrent_tps(stubs[label], batch, args.streams, args.max_tokens)
+                tps, _ = run_streams(stubs[label], batch, args.streams, args.max_tokens)
                 concurrency[label] = max(concurrency.get(label, 0.0), tps)
         measured_s = time.perf_counter() - measure_start
     cpu["load_average_end"] = list(os.getloadavg())
