@@ -136,6 +136,9 @@ class _RemoteBackend:
         # each call's own deadline, from this backend's measured call times (see gateway.deadlines)
         self.call_deadline = CallDeadline(DEFAULT_CALL_TIMEOUT_FLOOR, DEFAULT_CALL_TIMEOUT_FACTOR)
         self.stop_retrying: Callable[[], bool] = lambda: False  # e.g. the target is known down
+        # no call at all while this returns True (the one target is known down: a clean UNAVAILABLE at once, not
+        # another deadline's wait); replicas keep it False and hand the sequence on instead
+        self.fail_fast: Callable[[], bool] = lambda: False
         self.on_unavailable: Callable[[], None] = lambda: None  # called when retries ran out
         # (phase, k, seconds) of each successful Propose / Verify: adaptive k keeps its costs current with it
         self.on_call_time: Callable[[str, int, float], None] | None = None
@@ -175,6 +178,9 @@ class _RemoteBackend:
         delay = 0.05
         preempted_delay = PREEMPTED_FIRST_DELAY
         while True:
+            if self.fail_fast():
+                raise BackendUnavailableError(f"{self.role} service at {self.address} is down (it did not answer "
+                                              "a call within its deadline); retry shortly")
             try:
                 began = time.monotonic()
                 timeout, request_bound = self._timeout(sequence_id, len(new))

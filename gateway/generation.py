@@ -98,6 +98,8 @@ class Gateway:
         self.target_health = TargetHealth(self.target, on_change=lambda up: metrics.target_available(name, up))
         self.target.on_unavailable = self.target_health.mark_down
         self.target.stop_retrying = lambda: self.target_health.down
+        if hasattr(self.target, "fail_fast"):  # one target (not replicas, which hand a sequence on to another)
+            self.target.fail_fast = lambda: self.target_health.down
         draft_client = self.draft
         if self.draft is not None and config.draft_fallback:
             # fail fast and carry on without drafts, rather than wait out retries of a draft that is gone
