@@ -1,8 +1,9 @@
 """``specdec distill --method eagle3``: train an EAGLE-3 head for a target on this machine.
 
 1. **Data** (once; cached in ``OUT/cache/eagle3_data.pt``, so a second run only trains). Self-distillation as
-   EAGLE-3 regenerates its data: the target answers ``--chat-prompts`` chat prompts (made from templates x topics;
-   the benchmarks' prompts are left out) greedily, ``--response-tokens`` each, through its chat template; beside
+   EAGLE-3 regenerates its data: the target answers ``--chat-prompts`` chat prompts greedily
+   (``specdec.distill.chat_prompts``: 19 kinds of request over subjects of their own; the benchmarks' prompts
+   and subjects are left out), ``--response-tokens`` each, through its chat template; beside
    them ``--corpus-tokens`` of the corpus (``specdec.distill.corpus``). For every sequence the target's features
    (the inputs of its ``--feature-layers``, concatenated, bf16) and its top-k next-token log-probabilities.
 2. **Head**: the target's width and MLP, one decoder layer, ``fc`` (3 x hidden -> hidden), the LM head over the
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specdec.distill.chat_prompts import chat_prompts
 from specdec.distill.config import CACHE_DIR, CHECKPOINT_DIR, DistillConfig
 from specdec.engine.eagle3 import Eagle3Config, Eagle3Head
 from specdec.engine.eagle3_files import save_head
@@ -41,38 +43,6 @@ logger = logging.getLogger("specdec.distill")
 DEFAULT_DRAFT_VOCAB = 8192
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of training-time-test step s: 0.8^s
 HELDOUT_EVERY = 20  # every 20th sequence is held out
-
-_TEMPLATES = ["Write a short story about {}.", "Explain {} in simple terms.", "What are some good tips for {}?",
-              "Write a poem about {}.", "Describe {} to someone who has never seen it.",
-              "Give me three ideas related to {}.", "Why do people care about {}?",
-              "Write a friendly email to a colleague about {}.", "What is the history of {}?",
-              "Write a short dialogue between two friends about {}.", "List the pros and cons of {}.",
-              "How would you teach a child about {}?"]
-_TOPICS = ["a lighthouse keeper", "learning to cook", "the moon", "a lost cat", "saving money", "volcanoes",
-           "a rainy afternoon", "friendship", "the first day at a new school", "gardening", "honeybees",
-           "a train journey", "time management", "the northern lights", "a dragon who is afraid of fire",
-           "recycling", "chess", "a small bakery", "staying healthy in winter", "the water cycle",
-           "a city at dawn", "public speaking", "electric cars", "an old map", "the human heart", "music",
-           "a snowy forest", "starting a business", "kindness", "the desert", "bicycles", "a library",
-           "sleep", "the internet", "mountains", "a birthday party", "clouds", "writing a resume",
-           "a space station", "coffee"]
-
-
-def chat_prompts(n: int, seed: int) -> list[str]:
-    """``n`` chat prompts (templates x topics, shuffled), none of the benchmarks' prompts."""
-    from importlib import resources
-
-    held = set()
-    for name in ("drafting.json", "chat.json"):  # the benchmarks' prompts
-        try:
-            data = json.loads(resources.files("specdec").joinpath(f"assets/prompts/{name}").read_text())
-        except (OSError, ValueError):
-            continue
-        held |= {p for v in data.values() if isinstance(v, list) for p in v}
-    every = [t.format(topic) for t in _TEMPLATES for topic in _TOPICS]
-    random.Random(seed).shuffle(every)
-    return [p for p in every if p not in held][:n]
-
 
 # -- data ----------------------------------------------------------------------------------------------
 def _answers(lm: Any, prompts: list[str], tokens: int, batch: int = 32) -> list[list[int]]:
