@@ -86,6 +86,7 @@ class Eagle3Head(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", self._scaled(inv), persistent=False)
+        self.quantization = "none"  # quantize() sets it
 
     def _scaled(self, inv: torch.Tensor) -> torch.Tensor:
         """Llama-3's rope scaling of the frequencies (the one published heads for Llama-3.x targets use)."""
@@ -99,6 +100,23 @@ class Eagle3Head(nn.Module):
         scaled = torch.where(wavelen > old / low, inv / factor, inv)
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         return torch.where((wavelen >= old / high) & (wavelen <= old / low), mid, scaled)
+
+    LINEARS = ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+    def quantize(self, kind: str = "int8") -> "Eagle3Head":
+        """Inference only: every product as a W8A8 ``QuantLinear`` (``specdec.engine.quant``; int8, or fp8 on CUDA).
+        A one-row drafting step reads each weight once, so its cost follows their bytes: int8 reads a quarter of
+        fp32's (``benchmarks/bench_eagle3.py --head-quantization``). The drafts may differ from the float head's
+        where two candidates nearly tie; the target's verification keeps the output exact either way."""
+        from specdec.engine.quant import QuantLinear
+
+        for name in self.LINEARS:
+            linear = getattr(self, name)
+            if isinstance(linear, nn.Linear):
+                del self._modules[name]
+                object.__setattr__(self, name, QuantLinear(linear.weight.detach(), kind=kind))
+        self.quantization = kind
+        return self
 
     # -- vocabulary -------------------------------------------------------------------------------
     def target_ids(self) -> torch.Tensor:
@@ -155,7 +173,7 @@ class Eagle3Head(nn.Module):
         returns (draft logits [n, draft_vocab] fp32, prenorm [n, hidden]). ``mask`` [n, cache entries after the
         append] (True: attends): a token tree's nodes, each attending to the history and its own path; default
         causal."""
-        hidden = self.combine(features.to(self.fc.weight.dtype))
+        hidden = self.combine(features.to(self.norm.dtype))
         q, k, v = self._qkv(ids, hidden, positions)
         keys, values = cache.append(k, v)
         n, past = ids.shape[0], cache.length - ids.shape[0]

@@ -56,13 +56,13 @@ class HeadStore:
         self.lock = threading.RLock()
         self.role = "draft"
 
-    def get_or_create(self, sequence_id: str, seed: int | None) -> _HeadSequence:
+    def get_or_create(self, sequence_id: str, seed: int | None, priority: int | None = None) -> _HeadSequence:
         seq = self.sequences.get(sequence_id)
         if seq is None:
             if len(self.sequences) >= self.max_sequences:
                 raise ResourceExhaustedError(f"draft: {len(self.sequences)} sequences cached, the cap is "
                                              f"{self.max_sequences}; release finished sequences or raise max_sequences")
-            cfg, p = self.head.cfg, self.head.fc.weight
+            cfg, p = self.head.cfg, self.head.norm
             generator = torch.Generator(device=p.device)
             generator.manual_seed(seed if seed is not None else torch.seed())
             seq = self.sequences[sequence_id] = _HeadSequence(HeadCache(cfg.num_key_value_heads, cfg.dim, p.dtype,
@@ -98,6 +98,7 @@ class Eagle3Worker:
         self.top_n = top_n
         self.eos_token_ids = eos_token_ids
         self.tli = None
+        self._target_ids = store.head.target_ids()  # draft id -> target id
 
     def propose_batch(self, calls: list[ProposeCall]) -> list[Proposal | SpecDecError]:
         results: list[Any] = []
@@ -128,15 +129,14 @@ class Eagle3Worker:
         if not rows or start == seq.consumed:
             return
         feats = torch.cat(rows) if len(rows) > 1 else rows[0]
-        device = self.head.fc.weight.device
+        device = self.head.norm.device
         ids = torch.tensor(tokens[seq.consumed + 1: start + 1], dtype=torch.long, device=device)
         positions = torch.arange(seq.consumed, start, device=device)
         logits, prenorm = self.head.step(ids, feats.to(device), positions, seq.cache)
         seq.consumed, seq.last = start, (logits[-1], prenorm[-1])
 
-    def _propose(self, call: ProposeCall) -> Proposal:
-        method = call.draft_sample_method or self.draft_sample_method
-        check_draft_sample_method(method)
+    def _sync(self, call: ProposeCall) -> _HeadSequence:
+        """The call's sequence with its cache following the call's tokens and fed the features the call brings."""
         tokens = call.token_ids
         if not tokens:
             raise InvalidRequestError("draft: the sequence is empty", param="prompt")
@@ -155,6 +155,25 @@ class Eagle3Worker:
             seq.cache.truncate(keep)
             seq.consumed, seq.last = keep, None
         self._feed(seq, tokens, call.features or [])
+        return seq
+
+    def absorb(self, calls: list[ProposeCall]) -> list[int | SpecDecError]:
+        """Feed each call's features without drafting (a round another drafter proposed for, as suffix decoding in
+        a hybrid): per call the first position the head still lacks a feature for, or the error."""
+        out: list[Any] = []
+        with self.runner.lock, torch.inference_mode():
+            for call in calls:
+                try:
+                    out.append(self._sync(call).consumed)
+                except SpecDecError as exc:
+                    out.append(exc)
+        return out
+
+    def _propose(self, call: ProposeCall) -> Proposal:
+        method = call.draft_sample_method or self.draft_sample_method
+        check_draft_sample_method(method)
+        seq = self._sync(call)
+        tokens = call.token_ids
         k = call.num_speculative_tokens
         if seq.consumed < len(tokens) - 1 or seq.last is None or k == 0:
             return Proposal([], features_from=seq.consumed)
@@ -170,6 +189,9 @@ class Eagle3Worker:
                 position = torch.tensor([len(tokens) - 2 + i], device=device)
                 step_logits, step_prenorm = self.head.step(ids, prenorm[None], position, seq.cache)
                 logits, prenorm = step_logits[0], step_prenorm[0]
+            if not probabilistic and not call.params.has_penalties:  # the argmax, in the draft's vocabulary
+                drafts.append(int(self._target_ids[int(logits.argmax())]))
+                continue
             last = self.head.to_target_logits(logits)
             if call.params.has_penalties:  # as the target will process this position
                 last = apply_penalties(last, call.params, penalty_context(call.params, tokens, self.eos_token_ids,
@@ -199,14 +221,17 @@ class Eagle3Worker:
         fed: list[int] = []  # nodes in cache order after the history
         depth = {-1: -1}
 
+        # without penalties the candidates are ranked in the draft's vocabulary and mapped to target ids
+        id_map = None if call.params.has_penalties else self._target_ids
+
         def logprobs(node: int, row: torch.Tensor) -> torch.Tensor:
-            last = self.head.to_target_logits(row)
-            if call.params.has_penalties:  # as the target will process that position (the path counts as generated)
-                last = apply_penalties(last, call.params, penalty_context(call.params, tokens, self.eos_token_ids,
-                                                                          after=tree.path(node)))
+            if id_map is not None:
+                return torch.log_softmax(row.float(), dim=-1)
+            last = apply_penalties(self.head.to_target_logits(row), call.params, penalty_context(
+                call.params, tokens, self.eos_token_ids, after=tree.path(node)))  # as the target will see it
             return torch.log_softmax(last.float(), dim=-1)
 
-        tree.add_children(-1, logprobs(-1, logits), top)
+        tree.add_children(-1, logprobs(-1, logits), top, id_map)
         for _ in range(1, call.num_speculative_tokens):
             expand = sorted(tree.level, key=lambda i: (-tree.scores[i], i))[:shape.top_k]
             for n in expand:
@@ -226,7 +251,7 @@ class Eagle3Worker:
             level = []
             for j, n in enumerate(expand):
                 hidden[n] = outs[j]
-                tree.add_children(n, logprobs(n, rows[j]), top)
+                tree.add_children(n, logprobs(n, rows[j]), top, id_map)
                 level += tree.level
             tree.level = level
         seq.cache.truncate(seq.consumed)  # drafted entries never outlive the round

@@ -45,9 +45,13 @@ class CandidateTree:
     level: list[int] = field(default_factory=list)  # the last level's candidates
     ranks: list[tuple[int, ...]] = field(default_factory=list)  # each candidate's path of child ranks
 
-    def add_children(self, parent: int, logprobs: torch.Tensor, ranks: list[int]) -> None:
-        """The children of ``parent`` (-1: the root) at these ranks of the draft's distribution."""
+    def add_children(self, parent: int, logprobs: torch.Tensor, ranks: list[int],
+                     id_map: torch.Tensor | None = None) -> None:
+        """The children of ``parent`` (-1: the root) at these ranks of the draft's distribution; ``id_map``: the
+        token id of each of its entries (an EAGLE head's reduced vocabulary; None: the entries are the ids)."""
         values, ids = logprobs.topk(max(ranks) + 1)
+        if id_map is not None:
+            ids = id_map[ids]
         base = self.scores[parent] if parent >= 0 else 0.0
         self.level = []
         for r in ranks:

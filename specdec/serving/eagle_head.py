@@ -11,7 +11,7 @@ def load_eagle_head(cfg: Any, target: str, draft_sample_method: str, top_n: int 
                     tree_shape: Any = None) -> tuple[Any, Any, dict]:
     """(the head's sequence store, its worker, its GetInfo fields) for the head ``cfg.model`` over ``target``;
     ``tree_shape``: its token trees (None: chains)."""
-    from specdec.engine.eagle3_files import load_head_for_target
+    from specdec.engine.eagle3_files import load_head_for_target, quantize_head
     from specdec.engine.eagle3_worker import Eagle3Worker, HeadStore
     from specdec.engine.models import parse_dtype
 
@@ -19,6 +19,7 @@ def load_eagle_head(cfg: Any, target: str, draft_sample_method: str, top_n: int 
     head_path = resolve_model_path(cfg.model, cfg.revision)[0]
     dtype = parse_dtype(cfg.dtype, cfg.device)
     head, layers, shape = load_head_for_target(head_path, target_path, dtype=dtype, device=cfg.device)
+    quantize_head(head, cfg.quantization, cfg.model)
     limit = shape["max_position_embeddings"] or 1 << 20
     max_model_len = min(cfg.max_model_len or limit, limit)
     tokenizer = load_tokenizer(target_path)

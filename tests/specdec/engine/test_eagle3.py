@@ -66,6 +66,35 @@ def test_draft_ids_map_to_target_ids():
     assert int(full[0].argmax()) == 3 * int(logits[0].argmax())
 
 
+def test_a_quantized_head_drafts_what_the_float_head_does_within_int8_error():
+    """quantize("int8"): every product a W8A8 QuantLinear (the head reads a quarter of fp32's bytes per step); its
+    logits stay close to the float head's, through the fed history and a drafted step from its own output."""
+    import copy
+
+    from specdec.engine.eagle3_files import quantize_head
+    from specdec.engine.quant import QuantLinear
+
+    head = _random_head(hidden=64)
+    quant = copy.deepcopy(head)
+    assert quantize_head(quant, "auto") == "int8"
+    assert all(isinstance(getattr(quant, name), QuantLinear) for name in Eagle3Head.LINEARS)
+    ids, feats = torch.randint(0, 300, (12,)), torch.randn(12, 3 * 64)
+    with torch.no_grad():
+        got = []
+        for h in (head, quant):
+            cache = HeadCache(2, 16, torch.float32, torch.device("cpu"))
+            logits, prenorm = h.step(ids[1:], feats[:11], torch.arange(11), cache)
+            drafted, _ = h.step(ids[:1], prenorm[-1:], torch.tensor([11]), cache)
+            got.append(torch.cat([logits, drafted]))
+    cos = torch.nn.functional.cosine_similarity(got[0], got[1], dim=-1)
+    assert cos.min() > 0.99, cos
+    assert not torch.equal(got[0], got[1])  # (it is another formulation)
+    plain = copy.deepcopy(head)
+    assert quantize_head(plain, "none") == "none" and isinstance(plain.fc, torch.nn.Linear)
+    with pytest.raises(ConfigError, match="fp8 runs on CUDA only"):
+        quantize_head(copy.deepcopy(head), "fp8")
+
+
 @pytest.mark.parametrize("with_embedding", [True, False])
 def test_published_layout_round_trip(tmp_path, with_embedding):
     head = _random_head()
