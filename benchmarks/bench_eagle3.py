@@ -9,7 +9,9 @@ drafting one ``specdec serve`` stack in a process of its own:
   * EAGLE-3 (``{"method": "eagle3", "model": HEAD}``; default: the shipped ``smollm2-135m-eagle3``) at each
     ``--ks`` (the request's ``num_speculative_tokens``);
   * the head's token trees (``"speculative_token_tree": "dynamic"``: its top 4 per expanded candidate, 15 nodes)
-    at each ``--tree-ks`` depth, a stack of their own.
+    at each ``--tree-ks`` depth, a stack of their own;
+  * suffix decoding before the head (``"enable_suffix_decoding": true``, ``--hybrid-k`` the head's tree depth; 0: no
+    such row), with the default pair's suffix settings (up to 15 drafts, factor 4, trees, disable_by_batch_size).
 
 Prompts: ``specdec/assets/prompts/chat.json`` (16 open-ended chat requests, 8 input-grounded; none is among the
 prompts the head was trained on), through the target's chat template, answers to EOS or ``--max-tokens``.
@@ -99,6 +101,7 @@ def main() -> int:
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--tree-ks", type=int, nargs="*", default=[3], help="depths of the head's token-tree rows "
                     "(speculative_token_tree dynamic, SGLang's defaults: top 4, 15 nodes); none: no tree rows")
+    ap.add_argument("--hybrid-k", type=int, default=3, help="the suffix/EAGLE-3 hybrid row's head depth (0: no row)")
     ap.add_argument("--sampled-k", type=int, default=3)
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.7, 1.0])
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -124,10 +127,20 @@ def main() -> int:
     if args.tree_ks:
         specs["eagle3 trees"] = {**specs["eagle3"], "num_speculative_tokens": max(args.tree_ks),
                                  "speculative_token_tree": "dynamic"}
+    if args.hybrid_k:
+        pair = specs["default"] or {}
+        specs["eagle3 hybrid"] = {**specs["eagle3"], "enable_suffix_decoding": True,
+                                  "num_speculative_tokens": pair.get("num_speculative_tokens", 15),
+                                  "draft_model_num_speculative_tokens": args.hybrid_k,
+                                  "speculative_token_tree": "dynamic",
+                                  **{key: pair[key] for key in ("suffix_decoding_max_spec_factor",
+                                                                "disable_by_batch_size") if key in pair}}
     setups = [Setup("target alone", "target", None, "target"),
               Setup("default pair (suffix hybrid)", "default", None, "default")]
     setups += [Setup(f"eagle3 k={k}", "eagle3", k, "eagle3") for k in args.ks]
     setups += [Setup(f"eagle3 trees, depth {k}", "eagle3 trees", k, "eagle3") for k in args.tree_ks]
+    if args.hybrid_k:
+        setups.append(Setup(f"suffix + eagle3 trees, depth {args.hybrid_k}", "eagle3 hybrid", None, "eagle3"))
     sets_prompts = load_prompts(Path(args.prompts), args.prompts_per_set)
     fmt = chat_formatter(args.target, True)
     messages = sets_prompts["open-ended"] + sets_prompts["input-grounded"]

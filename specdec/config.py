@@ -141,7 +141,7 @@ MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no mod
 # A draft service's --model that names no model (with a model-free method; serve passes the method's name)
 NO_MODEL_NAMES = ("none", *MODEL_FREE_METHODS)
 SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "enable_suffix_decoding")
 # speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets each drafter grow
 # token trees, verified in one pass: suffix decoding its trees' branches (up to num_speculative_tokens nodes), a
 # draft model or an EAGLE-3 head top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens),
@@ -258,6 +258,10 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = DEFAULT_MAX_CACHED_REQUESTS
     suffix_decoding_max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
     suffix_decoding_min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
+    # ArcticInference's key: suffix decoding before a learned drafter (here: method "eagle3"). A confident suffix
+    # match proposes, else the EAGLE-3 head, which takes the target's features every round either way.
+    # (A draft model's hybrid is spelled "method": "suffix" with "model".)
+    enable_suffix_decoding: bool = False
     # Hybrid drafting (a lookup method with "model"): the draft model's drafts per round, where a lookup (long
     # when its match is long) has none; None: num_speculative_tokens. A model draft pays per token drafted.
     draft_model_num_speculative_tokens: int | None = None
@@ -290,7 +294,12 @@ class SpeculativeConfig:
     @property
     def uses_lookup(self) -> bool:
         """Drafts by lookup in token histories (n-gram or suffix), alone or before the draft model."""
-        return self.method in MODEL_FREE_METHODS or self.prompt_lookup_max is not None
+        return self.method in MODEL_FREE_METHODS or self.prompt_lookup_max is not None or self.enable_suffix_decoding
+
+    @property
+    def uses_suffix(self) -> bool:
+        """Drafts from suffix trees (method suffix, or enable_suffix_decoding before an EAGLE-3 head)."""
+        return self.method == "suffix" or self.enable_suffix_decoding
 
     def lookup_range(self) -> tuple[int, int]:
         """(prompt_lookup_min, prompt_lookup_max) with the defaults filled in."""
@@ -361,7 +370,7 @@ class SpeculativeConfig:
         if k is not None and (self.model is None or not self.uses_lookup):
             raise ConfigError("draft_model_num_speculative_tokens is the draft model's k in hybrid drafting: it needs "
                               "\"model\" and a lookup method (\"method\": \"suffix\", or prompt_lookup_max)")
-        for key in ("adaptive_k", "overlap"):
+        for key in ("adaptive_k", "overlap", "enable_suffix_decoding"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be true or false")
         if self.method in FEATURE_METHODS:
@@ -369,8 +378,9 @@ class SpeculativeConfig:
                 raise ConfigError(f"method {self.method!r} drafts from the target's own hidden states and embedding: "
                                   "a head cannot draft for another vocabulary (use_heterogeneous_vocab needs "
                                   "\"method\": \"draft_model\")")
-            if self.uses_lookup:
-                raise ConfigError(f"method {self.method!r} does not combine with n-gram lookup (prompt_lookup_max)")
+            if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
+                raise ConfigError(f"method {self.method!r} does not combine with n-gram lookup (prompt_lookup_max); "
+                                  "enable_suffix_decoding puts suffix decoding before the head")
             if self.overlap:
                 raise ConfigError(f"method {self.method!r} drafts from the features of the round just verified: it "
                                   "cannot draft during that verification (set overlap false)")
@@ -396,7 +406,11 @@ class SpeculativeConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
                 raise ConfigError(f"{key} must be an integer in [1, {high}], got {value!r}")
-        if self.method == "suffix":
+        if self.enable_suffix_decoding and self.method not in FEATURE_METHODS:
+            raise ConfigError(f"enable_suffix_decoding puts suffix decoding before an EAGLE-3 head (\"method\": "
+                              f"\"eagle3\"); with method {self.method!r} use \"method\": \"suffix\" (with \"model\" "
+                              "for a draft model behind it)")
+        if self.uses_suffix:
             if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
                 raise ConfigError("method \"suffix\" drafts from suffix trees; prompt_lookup_max / prompt_lookup_min "
                                   "are the ngram method's keys (set one method)")

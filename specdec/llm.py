@@ -31,7 +31,7 @@ from specdec.seeding import DEFAULT_SEEDED_SAMPLING, check_seeded_sampling, outp
 def eagle3_workers(cfg: SpeculativeConfig, target: LoadedModel, target_worker: TargetWorker, max_model_len: int,
                    device: str):
     """An EAGLE-3 head's draft worker and the target worker that feeds it features, joined by one relay."""
-    from specdec.engine.eagle3_files import load_head
+    from specdec.engine.eagle3_files import load_head, quantize_head
     from specdec.engine.eagle3_worker import Eagle3Worker, HeadStore
     from specdec.features import FeatureRelay, RelayedDraft, RelayedTarget
     from specdec.model_files import resolve_model_path
@@ -41,9 +41,12 @@ def eagle3_workers(cfg: SpeculativeConfig, target: LoadedModel, target_worker: T
     head, layers = load_head(resolve_model_path(cfg.model, cfg.revision)[0], target_hidden_size=text.hidden_size,
                              target_vocab_size=embedding.shape[0], target_num_layers=text.num_hidden_layers,
                              target_embedding=embedding.detach().float(), device=device)
+    quantize_head(head, cfg.quantization, cfg.model)
     relay = FeatureRelay(layers)
     worker = Eagle3Worker(HeadStore(head, max_model_len), cfg.draft_sample_method,
                           eos_token_ids=frozenset(target.eos_token_ids), tree=cfg.tree_shape())
+    if cfg.uses_suffix:  # enable_suffix_decoding: a suffix match proposes, else the head
+        worker = HybridDraftWorker(worker, lookup_indexes(cfg), cfg.draft_model_num_speculative_tokens)
     return RelayedDraft(worker, relay), RelayedTarget(target_worker, relay)
 
 

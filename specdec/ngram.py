@@ -334,6 +334,15 @@ class HybridDraftWorker:
                      else replace(calls[i], num_speculative_tokens=self.model_k) for i in need]
             for i, r in zip(need, self.model.propose_batch(asked)):
                 results[i] = r
+        absorb = getattr(self.model, "absorb", None)  # an EAGLE head: it takes the features of every round
+        drafted = set(need)
+        rest = [i for i, r in enumerate(results) if i not in drafted and isinstance(r, Proposal)]
+        if absorb is not None and rest:
+            for i, held in zip(rest, absorb([calls[i] for i in rest])):
+                if isinstance(held, SpecDecError):
+                    results[i] = held
+                else:
+                    results[i].features_from = held
         return results
 
     def release(self, sequence_id: str) -> None:
@@ -344,7 +353,7 @@ def lookup_indexes(spec: Any) -> Any:
     """The factory of per-sequence lookup indexes a ``SpeculativeConfig`` drafts with (``NgramStore``'s
     ``new_index``): a ``SuffixCache`` (method suffix), ``NgramIndexes`` (ngram, or prompt_lookup_max set), or
     None (the draft model alone)."""
-    if spec.method == "suffix":
+    if spec.uses_suffix:
         from specdec.suffix import SuffixCache
 
         return SuffixCache(spec.suffix_settings())

@@ -172,6 +172,8 @@ class Backend:
             self.runner, self.worker, self.head_info = load_eagle_head(cfg, self.eagle_target, self.draft_sample_method,
                                                                        self.draft_top_n, self.tree_shape)
             self.max_model_len = self.runner.max_model_len
+            if self.lookup is not None:  # enable_suffix_decoding: a suffix match proposes, else the head
+                self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k)
             self._start(self.worker.propose_batch)
             return
         if self.model_free:  # the token histories draft: nothing to load

@@ -93,6 +93,51 @@ def test_served_eagle3_trees_are_the_target_alone(target_dir, eagle3_head_dir, e
         stack.stop(0)
 
 
+@pytest.mark.heavy
+def test_served_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, eagle3_prompts, target_llm):
+    """enable_suffix_decoding across services: the draft service's suffix trees propose where they match (each
+    prompt is sent twice: the global tree holds the first answer), the head elsewhere; the head takes every round's
+    features either way, so each position's features cross the wire about once; the output is the target's
+    alone."""
+    spec = {"method": "eagle3", "model": str(eagle3_head_dir), "num_speculative_tokens": 8,
+            "enable_suffix_decoding": True, "draft_model_num_speculative_tokens": 3,
+            "speculative_token_tree": "dynamic", "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 10}
+    stack = start_stack(ServeConfig(model=str(target_dir), host="127.0.0.1", grpc_port=0, port=-1, dtype="float32",
+                                    speculative_config=json.dumps(spec)))
+    try:
+        head = stack.draft.backend.worker.model  # the hybrid's head
+        rounds = {"head": 0, "suffix": 0}
+        original_propose, original_absorb = head.propose_batch, head.absorb
+
+        def propose(calls):
+            rounds["head"] += len(calls)
+            return original_propose(calls)
+
+        def absorb(calls):
+            rounds["suffix"] += sum(1 for c in calls if c.features)
+            return original_absorb(calls)
+
+        head.propose_batch, head.absorb = propose, absorb
+        with grpc.insecure_channel(f"127.0.0.1:{stack.gateway.port}") as channel:
+            stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+            assert stub.GetInfo(common_pb2.GetInfoRequest(), timeout=10).draft.method == "eagle3"
+            prompts = eagle3_prompts[:3]
+            refs = _reference(target_llm, prompts)
+            before = parse(M.exposition().decode())
+            accepted = []
+            for prompt, ref in list(zip(prompts, refs)) * 2:
+                out = generate(stub, generate_request(prompt_token_ids=prompt, max_tokens=N))
+                assert out.token_ids == ref
+                accepted.append(out.last.stats.num_accepted_tokens)
+            after = parse(M.exposition().decode())
+        assert rounds["head"] > 0 and rounds["suffix"] > 0 and sum(accepted) > 0, (rounds, accepted)
+        relayed = delta(after, before, "specdec_feature_bytes_total", service="gateway", model_name=str(target_dir))
+        positions = 2 * sum(len(p) + N for p in prompts)
+        assert 0 < relayed <= 1.5 * positions * 3 * 64 * 2, (relayed, positions)
+    finally:
+        stack.stop(0)
+
+
 @pytest.fixture(scope="module")
 def processes(target_dir, eagle3_head_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("eagle3-logs")

@@ -124,3 +124,52 @@ def test_head_trees_are_the_targets_and_verify_more_per_pass(target_dir, eagle3_
         per_pass = [sum(len(o.token_ids) for o in outs) / sum(o.spec_decode_stats.num_target_passes for o in outs)
                     for outs in (got_chains, got_trees)]
         assert per_pass[1] >= per_pass[0], per_pass
+
+
+@pytest.mark.parametrize("tree", [None, "dynamic"])
+def test_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, alone, eagle3_prompts, tree):
+    """enable_suffix_decoding (ArcticInference's key): a suffix match proposes, else the head. On suffix rounds the
+    head still takes that round's features, so it never asks the target for them again; the output is the
+    target's alone."""
+    llm = LLM(str(target_dir), dtype="float32", speculative_config=_spec(
+        eagle3_head_dir, 8, enable_suffix_decoding=True, draft_model_num_speculative_tokens=3,
+        speculative_token_tree=tree))
+    hybrid = llm._draft_worker.worker
+    head = hybrid.model
+    rounds = {"head": 0, "suffix": 0}
+    lagging = []
+    original_propose, original_absorb = head.propose_batch, head.absorb
+
+    def propose(calls):
+        rounds["head"] += len(calls)
+        return original_propose(calls)
+
+    def absorb(calls):
+        out = original_absorb(calls)
+        rounds["suffix"] += len(calls)
+        # (a sequence's first round has no features yet: the target has not read the prompt)
+        lagging.extend(held for call, held in zip(calls, out) if call.features and held != len(call.token_ids) - 1)
+        return out
+
+    head.propose_batch, head.absorb = propose, absorb
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    # each prompt twice: the second time the first one's output is in the global suffix tree
+    prompts = eagle3_prompts[:3] * 2
+    out = _run(llm, prompts, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in _run(alone, prompts, params)]
+    assert rounds["head"] > 0 and rounds["suffix"] > 0, rounds
+    assert not lagging  # every suffix round left the head holding every position's feature
+    assert sum(o.spec_decode_stats.num_accepted_tokens for o in out[3:]) > \
+        sum(o.spec_decode_stats.num_accepted_tokens for o in out[:3])
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"method": "draft_model", "model": "x", "enable_suffix_decoding": True}, "use \"method\": \"suffix\""),
+    ({"method": "eagle3", "model": "x", "enable_suffix_decoding": 1}, "must be true or false"),
+    ({"method": "eagle3", "model": "x", "prompt_lookup_max": 3}, "enable_suffix_decoding puts suffix"),
+])
+def test_enable_suffix_decoding_is_checked(spec, message):
+    from specdec.config import SpeculativeConfig
+
+    with pytest.raises(ConfigError, match=message):
+        SpeculativeConfig.from_any(spec)
