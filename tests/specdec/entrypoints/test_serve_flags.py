@@ -115,6 +115,7 @@ def test_speculative_config_keys_reach_the_parts():
             "overlap": True, "quantization": "none", "suffix_decoding_max_tree_depth": 12,
             "suffix_decoding_max_cached_requests": 7, "suffix_decoding_max_spec_factor": 2.5,
             "suffix_decoding_min_token_prob": 0.25, "draft_model_num_speculative_tokens": 2,
+            "enable_suffix_decoding": False,  # (method eagle3's: below)
             # (trees need one vocabulary: unset beside use_heterogeneous_vocab; the tree test below sets it)
             "speculative_token_tree": None, "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 9}
     assert set(spec) == set(SpeculativeConfig.valid_keys())
@@ -130,6 +131,12 @@ def test_speculative_config_keys_reach_the_parts():
                 assert config.max_model_len == 99  # the smaller of the key and --max-model-len
             else:
                 assert getattr(config, name) == spec[key], (role, name)
+    eagle = {"method": "eagle3", "model": "h", "enable_suffix_decoding": True, "draft_model_num_speculative_tokens": 3,
+             "num_speculative_tokens": 15}
+    cfg, resolved = _serve(["t", "--speculative-config", json.dumps(eagle)])
+    _, draft, _ = part_configs(cfg, resolved, "t")
+    assert (draft.method, draft.enable_suffix_decoding, draft.target_model,
+            draft.draft_model_num_speculative_tokens) == ("eagle3", True, "t", 3)
 
 
 def test_serve_flags_read_serve_env_vars(monkeypatch):
