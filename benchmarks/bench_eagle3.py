@@ -10,6 +10,8 @@ drafting one ``specdec serve`` stack in a process of its own:
     ``--ks`` (the request's ``num_speculative_tokens``);
   * the head's token trees (``"speculative_token_tree": "dynamic"``: its top 4 per expanded candidate, 15 nodes)
     at each ``--tree-ks`` depth, a stack of their own;
+  * with ``--head-quantization`` (default), the first tree depth again with the head unquantized (``"quantization":
+    "none"``; the default is int8, a draft's default);
   * suffix decoding before the head (``"enable_suffix_decoding": true``, ``--hybrid-k`` the head's tree depth; 0: no
     such row), with the default pair's suffix settings (up to 15 drafts, factor 4, trees, disable_by_batch_size).
 
@@ -102,6 +104,9 @@ def main() -> int:
     ap.add_argument("--tree-ks", type=int, nargs="*", default=[3], help="depths of the head's token-tree rows "
                     "(speculative_token_tree dynamic, SGLang's defaults: top 4, 15 nodes); none: no tree rows")
     ap.add_argument("--hybrid-k", type=int, default=3, help="the suffix/EAGLE-3 hybrid row's head depth (0: no row)")
+    ap.add_argument("--head-quantization", action=argparse.BooleanOptionalAction, default=True,
+                    help="a row of the head's trees unquantized (\"quantization\": \"none\") beside the default "
+                         "int8 head (the first --tree-ks depth)")
     ap.add_argument("--sampled-k", type=int, default=3)
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.7, 1.0])
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -139,6 +144,10 @@ def main() -> int:
               Setup("default pair (suffix hybrid)", "default", None, "default")]
     setups += [Setup(f"eagle3 k={k}", "eagle3", k, "eagle3") for k in args.ks]
     setups += [Setup(f"eagle3 trees, depth {k}", "eagle3 trees", k, "eagle3") for k in args.tree_ks]
+    if args.head_quantization and args.tree_ks:
+        specs["eagle3 trees fp"] = {**specs["eagle3 trees"], "quantization": "none"}
+        setups.append(Setup(f"eagle3 trees, depth {args.tree_ks[0]}, unquantized head", "eagle3 trees fp",
+                            args.tree_ks[0], "eagle3"))
     if args.hybrid_k:
         setups.append(Setup(f"suffix + eagle3 trees, depth {args.hybrid_k}", "eagle3 hybrid", None, "eagle3"))
     sets_prompts = load_prompts(Path(args.prompts), args.prompts_per_set)

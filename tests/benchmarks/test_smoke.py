@@ -636,7 +636,7 @@ def test_smoke_serve_memory(tmp_path):
 # bench_eagle3.py: the target alone, the default pair and an EAGLE-3 head across services (in-process under --smoke)
 
 EAGLE3_SETUPS = ["target alone", "default pair (suffix hybrid)", "eagle3 k=2", "eagle3 k=3", "eagle3 k=4",
-                 "eagle3 trees, depth 3", "suffix + eagle3 trees, depth 3"]
+                 "eagle3 trees, depth 3", "eagle3 trees, depth 3, unquantized head", "suffix + eagle3 trees, depth 3"]
 EAGLE3 = Expected(
     "bench_eagle3.py", ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance",
                         "tokens/pass", "identical"], "setup", EAGLE3_SETUPS * 3,

@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from specdec.distill.chat_prompts import names_a_benchmark_subject
 from specdec.distill.eagle3 import chat_prompts
 
 
@@ -84,6 +85,12 @@ def test_chat_prompts_leave_the_benchmarks_out():
     bench = _json.loads(resources.files("specdec").joinpath("assets/prompts/drafting.json").read_text())
     held = {p for v in bench.values() if isinstance(v, list) for p in v}
     prompts = chat_prompts(10_000, 0)
-    assert len(prompts) == len(set(prompts)) > 300
+    assert len(prompts) == len(set(prompts)) > 4000
     assert not held & set(prompts)
     assert "Write a poem about the ocean at night." not in prompts
+    # nor a near copy: no prompt names a benchmark prompt's subject (no robot, no palindrome, ...)
+    assert not [p for p in prompts if names_a_benchmark_subject(p)]
+    assert names_a_benchmark_subject("Write a Python function that checks whether a string is a palindrome.")
+    # any count is balanced over the kinds of request: 19 kinds in the first 19, code among the first 200
+    first = chat_prompts(200, 0)
+    assert first == prompts[:200] and sum("Python" in p or "JavaScript" in p for p in first) >= 15
