@@ -13,7 +13,9 @@ drafting one ``specdec serve`` stack in a process of its own:
   * with ``--head-quantization`` (default), the first tree depth again with the head unquantized (``"quantization":
     "none"``; the default is int8, a draft's default);
   * suffix decoding before the head (``"enable_suffix_decoding": true``, ``--hybrid-k`` the head's tree depth; 0: no
-    such row), with the default pair's suffix settings (up to 15 drafts, factor 4, trees, disable_by_batch_size).
+    such row), with the default pair's suffix settings (up to 15 drafts, factor 4, trees, disable_by_batch_size), a
+    row for each ``--hybrid-min-scores`` (``suffix_decoding_min_score``: a weaker suffix match leaves the round to the
+    head).
 
 Prompts: ``specdec/assets/prompts/chat.json`` (16 open-ended chat requests, 8 input-grounded; none is among the
 prompts the head was trained on), through the target's chat template, answers to EOS or ``--max-tokens``.
@@ -104,6 +106,9 @@ def main() -> int:
     ap.add_argument("--tree-ks", type=int, nargs="*", default=[3], help="depths of the head's token-tree rows "
                     "(speculative_token_tree dynamic, SGLang's defaults: top 4, 15 nodes); none: no tree rows")
     ap.add_argument("--hybrid-k", type=int, default=3, help="the suffix/EAGLE-3 hybrid row's head depth (0: no row)")
+    ap.add_argument("--hybrid-min-scores", type=float, nargs="+", default=[0.0, 1.0],
+                    help="a hybrid row for each suffix_decoding_min_score (a weaker suffix match leaves the round to "
+                         "the head)")
     ap.add_argument("--head-quantization", action=argparse.BooleanOptionalAction, default=True,
                     help="a row of the head's trees unquantized (\"quantization\": \"none\") beside the default "
                          "int8 head (the first --tree-ks depth)")
@@ -134,12 +139,13 @@ def main() -> int:
                                  "speculative_token_tree": "dynamic"}
     if args.hybrid_k:
         pair = specs["default"] or {}
-        specs["eagle3 hybrid"] = {**specs["eagle3"], "enable_suffix_decoding": True,
-                                  "num_speculative_tokens": pair.get("num_speculative_tokens", 15),
-                                  "draft_model_num_speculative_tokens": args.hybrid_k,
-                                  "speculative_token_tree": "dynamic",
-                                  **{key: pair[key] for key in ("suffix_decoding_max_spec_factor",
-                                                                "disable_by_batch_size") if key in pair}}
+        for score in args.hybrid_min_scores:
+            specs[f"eagle3 hybrid {score:g}"] = {
+                **specs["eagle3"], "enable_suffix_decoding": True,
+                "num_speculative_tokens": pair.get("num_speculative_tokens", 15),
+                "draft_model_num_speculative_tokens": args.hybrid_k, "speculative_token_tree": "dynamic",
+                "suffix_decoding_min_score": score,
+                **{key: pair[key] for key in ("suffix_decoding_max_spec_factor", "disable_by_batch_size") if key in pair}}
     setups = [Setup("target alone", "target", None, "target"),
               Setup("default pair (suffix hybrid)", "default", None, "default")]
     setups += [Setup(f"eagle3 k={k}", "eagle3", k, "eagle3") for k in args.ks]
@@ -149,7 +155,8 @@ def main() -> int:
         setups.append(Setup(f"eagle3 trees, depth {args.tree_ks[0]}, unquantized head", "eagle3 trees fp",
                             args.tree_ks[0], "eagle3"))
     if args.hybrid_k:
-        setups.append(Setup(f"suffix + eagle3 trees, depth {args.hybrid_k}", "eagle3 hybrid", None, "eagle3"))
+        setups += [Setup(f"suffix + eagle3 trees, depth {args.hybrid_k}" + (f", min score {score:g}" if score else ""),
+                         f"eagle3 hybrid {score:g}", None, "eagle3") for score in args.hybrid_min_scores]
     sets_prompts = load_prompts(Path(args.prompts), args.prompts_per_set)
     fmt = chat_formatter(args.target, True)
     messages = sets_prompts["open-ended"] + sets_prompts["input-grounded"]

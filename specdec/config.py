@@ -97,6 +97,7 @@ class SuffixSettings:
     max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
     min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
     token_tree: bool = False  # speculative_token_tree "dynamic": propose every branch held, as a token tree
+    min_score: float = 0.0  # a proposal whose score (the tokens it expects accepted) is below this is not made
 
     def __post_init__(self):
         def whole(name, value, low, high):
@@ -111,6 +112,7 @@ class SuffixSettings:
         whole("max_cached_requests", self.max_cached_requests, 0, 10_000_000)
         real("max_spec_factor", self.max_spec_factor, 0.0, 1024.0)
         real("min_token_prob", self.min_token_prob, 0.0, 1.0)
+        real("min_score", self.min_score, 0.0, 1024.0)
 
 
 SUFFIX_INSTALL_HINT = ("method \"suffix\" needs ArcticInference's suffix tree: pip install nanobind==2.9.2 cmake ninja "
@@ -141,7 +143,8 @@ MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no mod
 # A draft service's --model that names no model (with a model-free method; serve passes the method's name)
 NO_MODEL_NAMES = ("none", *MODEL_FREE_METHODS)
 SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "enable_suffix_decoding")
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "suffix_decoding_min_score",
+               "enable_suffix_decoding")
 # speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets each drafter grow
 # token trees, verified in one pass: suffix decoding its trees' branches (up to num_speculative_tokens nodes), a
 # draft model or an EAGLE-3 head top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens),
@@ -258,6 +261,9 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = DEFAULT_MAX_CACHED_REQUESTS
     suffix_decoding_max_spec_factor: float = DEFAULT_MAX_SPEC_FACTOR
     suffix_decoding_min_token_prob: float = DEFAULT_MIN_TOKEN_PROB
+    # A suffix proposal whose score (the sum of its drafts' empirical probabilities: the tokens it expects accepted)
+    # is below this is not made: in a hybrid the model drafts that round instead (0: every match proposes).
+    suffix_decoding_min_score: float = 0.0
     # ArcticInference's key: suffix decoding before a learned drafter (here: method "eagle3"). A confident suffix
     # match proposes, else the EAGLE-3 head, which takes the target's features every round either way.
     # (A draft model's hybrid is spelled "method": "suffix" with "model".)
@@ -281,7 +287,7 @@ class SpeculativeConfig:
     def suffix_settings(self) -> SuffixSettings:
         return SuffixSettings(self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_cached_requests,
                               self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob,
-                              self.speculative_token_tree == DYNAMIC)
+                              self.speculative_token_tree == DYNAMIC, self.suffix_decoding_min_score)
 
     def tree_shape(self) -> TreeShape | None:
         """How the draft model grows its trees (None: it drafts chains)."""

@@ -163,6 +163,8 @@ class SuffixIndex:
                 if other.score > best.score:
                     best = other
         self.last_match_len, self.last_score = best.match_len, best.score
+        if best.score < s.min_score:  # too weak to bet a round on (a hybrid's model drafts instead)
+            return [], []
         return list(best.token_ids[:k]), list(best.parents[:k])
 
     def close(self) -> None:

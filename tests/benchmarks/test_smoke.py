@@ -636,7 +636,8 @@ def test_smoke_serve_memory(tmp_path):
 # bench_eagle3.py: the target alone, the default pair and an EAGLE-3 head across services (in-process under --smoke)
 
 EAGLE3_SETUPS = ["target alone", "default pair (suffix hybrid)", "eagle3 k=2", "eagle3 k=3", "eagle3 k=4",
-                 "eagle3 trees, depth 3", "eagle3 trees, depth 3, unquantized head", "suffix + eagle3 trees, depth 3"]
+                 "eagle3 trees, depth 3", "eagle3 trees, depth 3, unquantized head", "suffix + eagle3 trees, depth 3",
+                 "suffix + eagle3 trees, depth 3, min score 1"]
 EAGLE3 = Expected(
     "bench_eagle3.py", ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speedup", "acceptance",
                         "tokens/pass", "identical"], "setup", EAGLE3_SETUPS * 3,
@@ -654,7 +655,8 @@ def test_smoke_eagle3(tmp_path):
     assert all(r["identical"] for r in data["rows"]) and data["mismatches"] == []
     assert data["stacks"]["eagle3"]["method"] == "eagle3"
     assert data["stacks"]["eagle3 trees"]["speculative_token_tree"] == "dynamic"
-    assert data["stacks"]["eagle3 hybrid"]["enable_suffix_decoding"] is True
+    assert data["stacks"]["eagle3 hybrid 0"]["enable_suffix_decoding"] is True
+    assert data["stacks"]["eagle3 hybrid 1"]["suffix_decoding_min_score"] == 1.0
     assert [r["temperature"] for r in data["sampled"]] == [0.7] and data["sampled"][0]["identical"]
     wire = data["wire"]
     assert wire["width"] == 3 * 64 and wire["bytes_per_round"] > 0 and wire["with"]["response_bytes"] > \

@@ -146,6 +146,21 @@ def test_global_tree_is_bounded_and_evicts_the_oldest():
     assert off.cached_requests() == 0 and off().propose(4) == []
 
 
+def test_a_proposal_below_min_score_is_not_made():
+    """suffix_decoding_min_score: a match whose drafts' summed probabilities fall below it proposes nothing (a
+    hybrid's model drafts that round); the score is still recorded."""
+    history = [7, 1, 2, 3, 4, 9, 1, 2, 3, 5, 8, 1, 2]  # after "1 2": 3 twice, then 4 or 5
+    made = {}
+    for min_score in (0.0, 0.5, 50.0):
+        index = SuffixCache(SuffixSettings(max_cached_requests=0, max_spec_factor=4.0, min_score=min_score))()
+        index.sync(history)
+        made[min_score] = (index.propose(4), index.last_score)
+    assert made[0.0][0] and made[0.0][0] == made[0.5][0] and made[0.0][1] >= 0.5
+    assert made[50.0] == ([], made[0.0][1])
+    with pytest.raises(ConfigError, match="min_score"):
+        SuffixSettings(min_score=-1)
+
+
 def test_dropped_sequences_free_their_own_tree():
     """A sequence dropped without close() (a hybrid draft's runner expiring it) is not kept alive by the cache."""
     import gc
