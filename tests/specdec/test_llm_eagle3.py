@@ -41,12 +41,14 @@ def test_greedy_output_is_the_targets_and_drafts_are_accepted(target_dir, eagle3
     assert drafted > 0 and accepted > 0, (accepted, drafted)  # the head drafts, and is right a part of the time
 
 
+@pytest.mark.heavy
 def test_seeded_sampling_is_the_targets(alone, eagle, eagle3_prompts):
     params = SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=11)
     assert [o.token_ids for o in _run(eagle, eagle3_prompts, params)] == \
         [o.token_ids for o in _run(alone, eagle3_prompts, params)]
 
 
+@pytest.mark.heavy
 def test_probabilistic_drafting_is_lossless_and_accepts(target_dir, eagle3_head_dir, alone, eagle3_prompts):
     llm = LLM(str(target_dir), dtype="float32",
               speculative_config=_spec(eagle3_head_dir, draft_sample_method="probabilistic"))
