@@ -335,10 +335,10 @@ class HybridDraftWorker:
             for i, r in zip(need, self.model.propose_batch(asked)):
                 results[i] = r
         absorb = getattr(self.model, "absorb", None)  # an EAGLE head: it takes the features of every round
-        drafted = set(need)
-        rest = [i for i, r in enumerate(results) if i not in drafted and isinstance(r, Proposal)]
-        if absorb is not None and rest:
-            for i, held in zip(rest, absorb([calls[i] for i in rest])):
+        if absorb is not None:
+            drafted = set(need)
+            rest = [i for i, r in enumerate(results) if i not in drafted and isinstance(r, Proposal)]
+            for i, held in zip(rest, absorb([calls[i] for i in rest]) if rest else ()):
                 if isinstance(held, SpecDecError):
                     results[i] = held
                 else:

@@ -86,7 +86,6 @@ class Eagle3Head(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", self._scaled(inv), persistent=False)
-        self.quantization = "none"  # quantize() sets it
 
     def _scaled(self, inv: torch.Tensor) -> torch.Tensor:
         """Llama-3's rope scaling of the frequencies (the one published heads for Llama-3.x targets use)."""
@@ -115,7 +114,6 @@ class Eagle3Head(nn.Module):
             if isinstance(linear, nn.Linear):
                 del self._modules[name]
                 object.__setattr__(self, name, QuantLinear(linear.weight.detach(), kind=kind))
-        self.quantization = kind
         return self
 
     # -- vocabulary -------------------------------------------------------------------------------

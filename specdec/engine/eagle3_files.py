@@ -220,24 +220,12 @@ def load_head_for_target(head_path: str | Path, target_path: str | Path, dtype: 
 
 
 def quantize_head(head: Eagle3Head, requested: str | None, name: str = "the EAGLE-3 head") -> str:
-    """Apply the draft's ``quantization`` to a head: ``auto``/None is a draft's default, int8 where its products run
-    here (else none, logged); an explicit mode that cannot run here is a ConfigError saying why. Returns the mode."""
-    import logging
+    """Apply the draft's ``quantization`` to a head, chosen as a draft model's is
+    (``specdec.engine.network.resolve_quantization``: ``auto`` is int8 where it runs here, else none, logged; an
+    explicit mode that cannot run is a ConfigError saying why). Returns the mode."""
+    from specdec.engine.network import resolve_quantization
 
-    from specdec.config import AUTO_QUANTIZATION
-    from specdec.engine.quant import quantization_unavailable
-
-    auto = requested in (None, AUTO_QUANTIZATION)
-    mode = "int8" if auto else requested
-    if mode == "none":
-        return mode
-    why = quantization_unavailable(mode, head.norm.device)
-    if why is not None:
-        if not auto:
-            raise ConfigError(f"draft {name}: quantization {mode} is unavailable: {why}")
-        logging.getLogger("specdec.engine").info("draft %s: %s products unavailable (%s); running unquantized", name,
-                                                 mode, why)
-        return "none"
-    head.quantize(mode)
-    logging.getLogger("specdec.engine").info("draft %s: %s products", name, mode)
+    mode = resolve_quantization(requested, "draft", name, head.norm.device)
+    if mode != "none":
+        head.quantize(mode)
     return mode

@@ -57,6 +57,7 @@ class HeadStore:
         self.role = "draft"
 
     def get_or_create(self, sequence_id: str, seed: int | None, priority: int | None = None) -> _HeadSequence:
+        """(``priority``: the model runners' signature, which a hybrid's lookup calls; a head has no preemption)"""
         seq = self.sequences.get(sequence_id)
         if seq is None:
             if len(self.sequences) >= self.max_sequences:

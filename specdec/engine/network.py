@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -70,7 +70,8 @@ def build_network(lm: LoadedModel, role: str, lean_forward: bool | None, batch_i
                    "%s %s: batch-invariant passes are unavailable (%s); a position's logits may differ in the "
                    "last bits with the shape of the pass", role, lm.name, why_not)
     batch_invariant = bool(batch_invariant and not why_not)
-    quantization = resolve_quantization(quantization, role, lm, lean_forward)
+    quantization = resolve_quantization(quantization, role, lm.name, lm.device,
+                                        lambda: _lean_forward_blocks(lm, lean_forward))
     if lean_forward:
         reason = unsupported_reason(lm.model)
         if reason is None:
@@ -91,25 +92,32 @@ def build_network(lm: LoadedModel, role: str, lean_forward: bool | None, batch_i
     return Network(net, net is not lm.model, batch_invariant, quantization, vocab_subset)
 
 
-def resolve_quantization(requested: str | None, role: str, lm: LoadedModel, lean_forward: bool | None) -> str:
-    """The quantization a runner uses: ``requested``, else its role's default (int8 for a draft: its numerics
-    change only the acceptance, never the output; none for a target). A requested mode that cannot run here
-    raises ConfigError saying why; a default that cannot falls back to none (logged)."""
+def resolve_quantization(requested: str | None, role: str, name: str, device: torch.device | str,
+                         blocked: Callable[[], str | None] = lambda: None) -> str:
+    """The quantization a runner (or an EAGLE head) uses: ``requested``, else its role's default (int8 for a draft:
+    its numerics change only the acceptance, never the output; none for a target). ``blocked``: why a quantized
+    mode cannot run for this model beyond the device (None: it can). A requested mode that cannot run here raises
+    ConfigError saying why; a default that cannot falls back to none (logged)."""
     if requested == AUTO_QUANTIZATION:
         requested = None
     quantization = requested if requested is not None else DEFAULT_QUANTIZATION_BY_ROLE[role]
-    why = quantization_unavailable(quantization, lm.device)
+    why = quantization_unavailable(quantization, device)
     if why is None and quantization != "none":
-        if lean_forward is False:
-            why = "the lean forward is off (--no-lean-forward); quantized products run in the lean forward only"
-        elif unsupported_reason(lm.model):
-            why = f"the lean forward does not support this model: {unsupported_reason(lm.model)}"
+        why = blocked()
     if why is None:
         return quantization
     if requested is not None:
-        raise ConfigError(f"{role} {lm.name}: --quantization {quantization} is unavailable: {why}")
-    logger.info("%s %s: %s products unavailable (%s); running unquantized", role, lm.name, quantization, why)
+        raise ConfigError(f"{role} {name}: --quantization {quantization} is unavailable: {why}")
+    logger.info("%s %s: %s products unavailable (%s); running unquantized", role, name, quantization, why)
     return "none"
+
+
+def _lean_forward_blocks(lm: LoadedModel, lean_forward: bool | None) -> str | None:
+    """Why the lean forward cannot run ``lm``'s quantized products (None: it can)."""
+    if lean_forward is False:
+        return "the lean forward is off (--no-lean-forward); quantized products run in the lean forward only"
+    reason = unsupported_reason(lm.model)
+    return f"the lean forward does not support this model: {reason}" if reason else None
 
 
 def batch_invariance_unavailable(lm: LoadedModel, lean_forward: bool | None) -> str | None:

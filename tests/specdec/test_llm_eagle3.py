@@ -128,14 +128,14 @@ def test_head_trees_are_the_targets_and_verify_more_per_pass(target_dir, eagle3_
         assert per_pass[1] >= per_pass[0], per_pass
 
 
-@pytest.mark.parametrize("tree", [None, "dynamic"])
-def test_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, alone, eagle3_prompts, tree):
-    """enable_suffix_decoding (ArcticInference's key): a suffix match proposes, else the head. On suffix rounds the
-    head still takes that round's features, so it never asks the target for them again; the output is the
-    target's alone."""
+@pytest.mark.parametrize("tree, min_score", [(None, 0.0), ("dynamic", 0.0), ("dynamic", 1.0)])
+def test_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, alone, eagle3_prompts, tree, min_score):
+    """enable_suffix_decoding (ArcticInference's key): a suffix match proposes (with suffix_decoding_min_score, one
+    expecting at least that many accepted tokens), else the head. On suffix rounds the head still takes that round's
+    features, so it never asks the target for them again; the output is the target's alone."""
     llm = LLM(str(target_dir), dtype="float32", speculative_config=_spec(
         eagle3_head_dir, 8, enable_suffix_decoding=True, draft_model_num_speculative_tokens=3,
-        speculative_token_tree=tree))
+        speculative_token_tree=tree, suffix_decoding_min_score=min_score))
     hybrid = llm._draft_worker.worker
     head = hybrid.model
     rounds = {"head": 0, "suffix": 0}
