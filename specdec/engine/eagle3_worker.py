@@ -41,6 +41,9 @@ class _HeadSequence:
     mark: Any = None
     consumed: int = 0  # positions [0, consumed) hold the target's features in the cache
     last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, prenorm) of position consumed - 1
+    # features of positions [consumed, consumed + len(held)) taken on rounds another drafter proposed for (a hybrid's
+    # suffix rounds), fed to the head only when it next drafts: one pass over them all instead of one per round
+    held: torch.Tensor | None = None
     last_used: float = field(default_factory=time.monotonic)
     state: DraftingState = field(default_factory=DraftingState)
 
@@ -111,11 +114,17 @@ class Eagle3Worker:
                     results.append(exc)
         return results
 
-    def _feed(self, seq: _HeadSequence, tokens: list[int], chunks: list[FeatureChunk]) -> None:
-        """Feed the positions [seq.consumed, len(tokens) - 1) whose features ``chunks`` hold."""
+    def _gather(self, seq: _HeadSequence, tokens: list[int], chunks: list[FeatureChunk]) -> torch.Tensor | None:
+        """The features of positions [seq.consumed, len(tokens) - 1) that the held rows and ``chunks`` hold without a
+        gap, from seq.consumed on (None: none)."""
         want_end = len(tokens) - 1
         rows, start = [], seq.consumed
+        if seq.held is not None and len(seq.held):
+            rows.append(seq.held[:max(0, want_end - start)])
+            start += rows[-1].shape[0]
         for chunk in chunks:
+            if start >= want_end:
+                break
             if chunk.end <= start or chunk.start > start:  # before what is held, or a gap
                 continue
             data = chunk_rows(chunk)
@@ -125,19 +134,26 @@ class Eagle3Worker:
             take = data[start - chunk.start: min(chunk.end, want_end) - chunk.start]
             rows.append(take)
             start += take.shape[0]
-            if start >= want_end:
-                break
         if not rows or start == seq.consumed:
+            return None
+        return torch.cat([r.to(rows[-1].dtype) for r in rows]) if len(rows) > 1 else rows[0]
+
+    def _feed(self, seq: _HeadSequence, tokens: list[int], chunks: list[FeatureChunk]) -> None:
+        """Feed the positions [seq.consumed, len(tokens) - 1) whose features the held rows and ``chunks`` hold."""
+        feats = self._gather(seq, tokens, chunks)
+        seq.held = None
+        if feats is None:
             return
-        feats = torch.cat(rows) if len(rows) > 1 else rows[0]
+        start = seq.consumed + feats.shape[0]
         device = self.head.norm.device
         ids = torch.tensor(tokens[seq.consumed + 1: start + 1], dtype=torch.long, device=device)
         positions = torch.arange(seq.consumed, start, device=device)
         logits, prenorm = self.head.step(ids, feats.to(device), positions, seq.cache)
         seq.consumed, seq.last = start, (logits[-1], prenorm[-1])
 
-    def _sync(self, call: ProposeCall) -> _HeadSequence:
-        """The call's sequence with its cache following the call's tokens and fed the features the call brings."""
+    def _sync(self, call: ProposeCall, feed: bool = True) -> _HeadSequence:
+        """The call's sequence with its cache following the call's tokens and fed the features the call brings
+        (``feed=False``: held for the next round the head drafts, in ``seq.held``)."""
         tokens = call.token_ids
         if not tokens:
             raise InvalidRequestError("draft: the sequence is empty", param="prompt")
@@ -154,18 +170,25 @@ class Eagle3Worker:
         keep = min(seq.consumed, max(same - 1, 0))
         if keep < seq.consumed:
             seq.cache.truncate(keep)
-            seq.consumed, seq.last = keep, None
-        self._feed(seq, tokens, call.features or [])
+            seq.consumed, seq.last, seq.held = keep, None, None
+        elif seq.held is not None:  # position p's feature stays while tokens up to p are unchanged
+            seq.held = seq.held[:max(0, same - seq.consumed)]
+        if feed:
+            self._feed(seq, tokens, call.features or [])
+        else:
+            seq.held = self._gather(seq, tokens, call.features or [])
         return seq
 
     def absorb(self, calls: list[ProposeCall]) -> list[int | SpecDecError]:
-        """Feed each call's features without drafting (a round another drafter proposed for, as suffix decoding in
-        a hybrid): per call the first position the head still lacks a feature for, or the error."""
+        """Take each call's features without drafting (a round another drafter proposed for, as suffix decoding in
+        a hybrid): held, and fed in one pass when the head next drafts. Per call the first position the head still
+        lacks a feature for, or the error."""
         out: list[Any] = []
         with self.runner.lock, torch.inference_mode():
             for call in calls:
                 try:
-                    out.append(self._sync(call).consumed)
+                    seq = self._sync(call, feed=False)
+                    out.append(seq.consumed + (0 if seq.held is None else seq.held.shape[0]))
                 except SpecDecError as exc:
                     out.append(exc)
         return out

@@ -26,6 +26,7 @@ import torch
 
 from specdec.drafting_state import DraftingState
 from specdec.engine.block_pool import ROOT
+from specdec.engine.feature_store import BlockFeatures
 from specdec.engine.kv_cache import KVPool, KVStats
 from specdec.engine.scheduler import DECODING_WINDOW_S
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
@@ -82,6 +83,7 @@ class KVCacheManager:
         self.sequences: dict[str, CachedSequence] = {}
         self._arrivals = 0
         self.lock = threading.RLock()  # the runner's: calls, the batcher's thread and releases take it
+        self.features = BlockFeatures(self.block_size)  # an EAGLE target's features beside the blocks
 
     # -- sequences ---------------------------------------------------------------------------------
     def open(self, sequence_id: str, seed: int | None, priority: int = 0) -> tuple[CachedSequence, float | None]:
@@ -168,6 +170,7 @@ class KVCacheManager:
         if n % bs and -(-n // bs) <= len(seq.blocks) and pool.is_shared(seq.blocks[n // bs]):
             n -= n % bs  # the next pass would write into a shared block: recompute its first tokens instead
         keep = -(-n // bs)
+        self.features.cut(seq.blocks, n)
         if len(seq.blocks) > keep:
             pool.free(seq.blocks[keep:])
             del seq.blocks[keep:]
@@ -228,7 +231,9 @@ class KVCacheManager:
                 ok[i] = False
                 self._preempt(seqs[i])
                 continue
-            seqs[i].blocks += pool.allocate(need[i], after=seqs[i].blocks[-1] if seqs[i].blocks else None)
+            fresh = pool.allocate(need[i], after=seqs[i].blocks[-1] if seqs[i].blocks else None)
+            self.features.forget(fresh)
+            seqs[i].blocks += fresh
         return ok
 
     def _last_ranked(self, exclude: dict | None = None,

@@ -239,13 +239,15 @@ class TargetWorker:
                 if scored:  # score the whole prompt: feed it all again (no prefix-cache hits)
                     runner.check_scoring(len(call.token_ids) + len(call.proposal.draft_token_ids))
                     runner.cache.truncate(seq, 0)
-                if call.feature_layers and not seq.prefilling:  # a new call (not the next chunk of a prompt)
+                fresh = call.feature_layers and not seq.prefilling  # a new call (not the next chunk of a prompt)
+                if fresh:
                     seq.captured.clear()
-                    if call.feature_start < seq.length:  # features asked again: feed those positions again
-                        runner.cache.truncate(seq, call.feature_start)
-                # (features need their positions fed: no prefix-cache hits)
-                new = runner.sync(seq, call.token_ids, reuse=not scored and not call.feature_layers) + \
-                    call.proposal.draft_token_ids
+                # (a prompt's later chunks take nothing from the prefix cache: its blocks' features are not checked)
+                new = runner.sync(seq, call.token_ids, reuse=not scored and not (call.feature_layers and seq.prefilling))
+                if fresh and call.feature_start < seq.length:  # features of positions already cached
+                    new = call.token_ids[stored_features(runner.cache, seq, call.feature_start,
+                                                         tuple(call.feature_layers)):]
+                new = new + call.proposal.draft_token_ids
                 runner.check_append(seq, new)  # a bad row fails alone, before the batched pass
                 return call, seq, new, call.proposal.parents if call.proposal.is_tree else None, kept
 
@@ -285,7 +287,8 @@ class TargetWorker:
                     runner.cache.truncate(seq, len(call.token_ids) + n)
                     try:
                         results[i] = with_logprobs(VerifyResult(n, next_token, features=taken_features(
-                            seq, call.feature_start, len(call.token_ids) + n) if call.feature_layers else None,
+                            seq, call.feature_start, len(call.token_ids) + n, runner.cache.features,
+                            tuple(call.feature_layers)) if call.feature_layers else None,
                             accepted_path=path), call, logits, path)
                         if kept is not None:  # a tree verified as its first branch: the path in the tree's nodes
                             results[i].accepted_path = kept[:n]
@@ -426,14 +429,31 @@ def with_logprobs(result: VerifyResult, call: VerifyCall, logits: torch.Tensor |
     return result
 
 
-def taken_features(seq: CachedSequence, start: int, end: int) -> FeatureChunk | None:
+def stored_features(cache, seq: CachedSequence, start: int, layers: tuple[int, ...]) -> int:
+    """Features asked from ``start``, before the sequence's cached length (a prefix-cache hit, or features asked
+    again): the positions whose features ``cache.features`` holds are taken from it (appended to ``seq.captured``);
+    from the first one it lacks, the sequence is rolled back and those positions are fed again. Returns the
+    sequence's length after (where this call's feeding starts)."""
+    store = cache.features
+    cache.truncate(seq, store.available(seq.blocks, start, seq.length, layers))
+    if seq.length > start:  # (a rollback into a shared block stops at its start: read no further than that)
+        seq.captured.append((start, store.read(seq.blocks, start, seq.length)))
+    return seq.length
+
+
+def taken_features(seq: CachedSequence, start: int, end: int, store=None,
+                   layers: tuple[int, ...] = ()) -> FeatureChunk | None:
     """The features the sequence's passes of this call captured, positions [start, end): those whose next token
-    is now known (the fed history, the accepted drafts). Clears what was captured."""
+    is now known (the fed history, the accepted drafts). Clears what was captured; ``store`` (the cache's
+    ``BlockFeatures``) keeps them beside the sequence's blocks for a later prefix-cache hit."""
     parts, seq.captured = seq.captured, []
     if not parts:
         return None
     first = parts[0][0]
-    rows = torch.cat([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
+    dtype = parts[-1][1].dtype
+    rows = torch.cat([t.to(dtype) for _, t in parts]) if len(parts) > 1 else parts[0][1].to(dtype)
+    if store is not None:
+        store.write(seq.blocks, first, layers, rows[:end - first])
     begin = max(start, first)
     rows = rows[begin - first: end - first]
     return FeatureChunk(begin, rows.shape[0], rows.shape[1], str(rows.dtype).removeprefix("torch."), rows)

@@ -189,10 +189,12 @@ def test_verify_returns_the_inputs_of_the_asked_layers(target_lm, target_model, 
     assert plain.features is None
 
 
-def test_features_asked_again_are_computed_again_and_chunked_prompts_keep_theirs(target_lm):
-    """feature_start before the target's cache feeds those positions again (a draft that lost its state); a
-    prompt prefilled in chunks returns the features of every chunk."""
-    worker = TargetWorker(ModelRunner(target_lm, 256, role="target", max_num_batched_tokens=16))
+def test_features_asked_again_are_read_back_and_chunked_prompts_keep_theirs(target_lm):
+    """feature_start before the target's cache (a draft that lost its state): the target's store beside its blocks
+    gives those positions back (bfloat16) without feeding them again; other layers than the stored ones are fed
+    again; a prompt prefilled in chunks returns the features of every chunk."""
+    runner = ModelRunner(target_lm, 256, role="target", max_num_batched_tokens=16)
+    worker = TargetWorker(runner)
     ids = list(range(200, 260))
     whole = until_finished(worker.verify_batch, VerifyCall("a", ids, Proposal([]), GREEDY,
                                                            feature_layers=(0, 1, 2), feature_start=0))
@@ -200,7 +202,39 @@ def test_features_asked_again_are_computed_again_and_chunked_prompts_keep_theirs
     again = until_finished(worker.verify_batch, VerifyCall("a", ids + [whole.next_token_id], Proposal([]), GREEDY,
                                                            feature_layers=(0, 1, 2), feature_start=10))
     assert (again.features.start, again.features.rows) == (10, 51)
-    torch.testing.assert_close(again.features.data[:50], whole.features.data[10:], atol=1e-5, rtol=1e-4)
+    assert again.features.data.dtype == whole.features.data.dtype
+    torch.testing.assert_close(again.features.data[:50], whole.features.data[10:], atol=1e-2, rtol=8e-3)
+    torch.testing.assert_close(again.features.data[50:], until_finished(  # the one position fed: exact
+        TargetWorker(ModelRunner(target_lm, 256, role="target")).verify_batch,
+        VerifyCall("x", ids + [whole.next_token_id], Proposal([]), GREEDY, feature_layers=(0, 1, 2),
+                   feature_start=0)).features.data[60:], atol=1e-5, rtol=1e-4)
+    other = until_finished(worker.verify_batch, VerifyCall("a", ids + [whole.next_token_id, 7], Proposal([]), GREEDY,
+                                                           feature_layers=(2, 1, 0), feature_start=20))
+    assert (other.features.start, other.features.rows) == (20, 42)  # other layers: fed again, full precision
+    w = whole.features.data.shape[1] // 3
+    torch.testing.assert_close(other.features.data[:40, :w], whole.features.data[20:, 2 * w:], atol=1e-5, rtol=1e-4)
     assert again.next_token_id == until_finished(
         TargetWorker(ModelRunner(target_lm, 256, role="target")).verify_batch,
         VerifyCall("b", ids + [whole.next_token_id], Proposal([]), GREEDY)).next_token_id
+
+
+def test_a_prefix_cache_hit_returns_the_stored_features_of_the_shared_prompt(target_lm):
+    """A second request sharing a finished request's prompt takes its blocks from the prefix cache and their
+    features from the store beside them: every position's features come back, the shared blocks are not fed."""
+    runner = ModelRunner(target_lm, 256, role="target")
+    worker = TargetWorker(runner)
+    shared = list(range(200, 240))  # two full blocks of 16 and 8 more
+    first = until_finished(worker.verify_batch, VerifyCall("a", shared + [5, 6], Proposal([]), GREEDY,
+                                                           feature_layers=(0, 1, 2), feature_start=0))
+    worker.release("a")
+    hits = runner.cache.stats().prefix_cache_hits
+    second = until_finished(worker.verify_batch, VerifyCall("b", shared + [9, 8, 7], Proposal([]), GREEDY,
+                                                            feature_layers=(0, 1, 2), feature_start=0))
+    assert runner.cache.stats().prefix_cache_hits - hits == 32  # both full blocks of the shared prompt
+    assert (second.features.start, second.features.rows) == (0, 43)
+    torch.testing.assert_close(second.features.data[:40], first.features.data[:40], atol=1e-2, rtol=8e-3)
+    fresh = until_finished(TargetWorker(ModelRunner(target_lm, 256, role="target", enable_prefix_caching=False))
+                           .verify_batch, VerifyCall("c", shared + [9, 8, 7], Proposal([]), GREEDY,
+                                                     feature_layers=(0, 1, 2), feature_start=0))
+    torch.testing.assert_close(second.features.data[32:], fresh.features.data[32:], atol=1e-5, rtol=1e-4)
+    assert second.next_token_id == fresh.next_token_id

@@ -140,3 +140,24 @@ def test_a_wrong_tree_mask_would_show(setup):
         seq.cache.truncate(seq.consumed)
     right = _path_logits(worker, "s", ids[:20], [roots[1]])
     assert not torch.allclose(head.to_target_logits(wrong[1]), right, atol=1e-4)  # causal: saw its sibling
+
+
+def test_absorbed_features_wait_for_the_next_draft_and_follow_a_changed_history(setup):
+    """A hybrid's suffix rounds hand the head their features without drafting: they are held (the head says it
+    has them) and fed in one pass when the head next drafts, which then drafts what a head fed every round does.
+    A rollback drops the held features of the positions it changed."""
+    worker, ids, feats = setup
+    _propose(worker, ids[:8], [_chunk(feats, 0, 7)])
+    (held,) = worker.absorb([ProposeCall("s", ids[:12], 3, GREEDY, features=[_chunk(feats, 7, 11)])])
+    (held2,) = worker.absorb([ProposeCall("s", ids[:16], 3, GREEDY, features=[_chunk(feats, 11, 15)])])
+    seq = worker.runner.sequences["s"]
+    assert (held, held2) == (11, 15) and seq.consumed == 7 and seq.held.shape[0] == 8  # held, not fed
+    late = _propose(worker, ids[:20], [_chunk(feats, 15, 19)])
+    assert seq.consumed == 19 and seq.held is None and late.features_from == 19
+    assert late.draft_token_ids == _propose(worker, ids[:20], [_chunk(feats, 0, 19)], sid="t").draft_token_ids
+    # held features past a changed token are dropped: positions up to 10 stay (position p read token p + 1)
+    _propose(worker, ids[:8], [_chunk(feats, 0, 7)], sid="u")
+    worker.absorb([ProposeCall("u", ids[:16], 3, GREEDY, features=[_chunk(feats, 7, 15)])])
+    other = ids[:12] + [(t + 1) % 300 for t in ids[12:20]]
+    (back,) = worker.absorb([ProposeCall("u", other, 3, GREEDY, features=[])])
+    assert back == 12 and worker.runner.sequences["u"].consumed == 7
