@@ -4,8 +4,8 @@ Side by side in one run, the same target (default: the embedded ``smollm2-135m``
 drafting one ``specdec serve`` stack in a process of its own:
 
   * the target alone;
-  * the embedded default pair (``specdec.config.default_speculative_config()``: suffix hybrid with the distilled
-    draft);
+  * the embedded default pair (``specdec.config.default_speculative_config()``: suffix decoding before the head,
+    with ``--head``);
   * EAGLE-3 (``{"method": "eagle3", "model": HEAD}``; default: the shipped ``smollm2-135m-eagle3``) at each
     ``--ks`` (the request's ``num_speculative_tokens``);
   * the head's token trees (``"speculative_token_tree": "dynamic"``: its top 4 per expanded candidate, 15 nodes)
@@ -132,7 +132,7 @@ def main() -> int:
         args.head = _smoke_head(args.target, Path(tmp.name) / "head")
         args.max_tokens, args.repeats, args.prompts_per_set, args.wire_reps = 8, 1, 2, 2
         args.temperatures, args.in_process, args.dtype = [0.7], True, "float32"
-    specs = {"target": None, "default": default_speculative_config(),
+    specs = {"target": None, "default": {**default_speculative_config(), "model": args.head},  # the head: --head's
              "eagle3": {"method": "eagle3", "model": args.head, "num_speculative_tokens": max(args.ks + [args.sampled_k])}}
     if args.tree_ks:
         specs["eagle3 trees"] = {**specs["eagle3"], "num_speculative_tokens": max(args.tree_ks),

@@ -6,8 +6,9 @@ Side by side in one run (each setup a ``specdec serve`` stack in a process of it
 this one), greedy:
 
   * the target alone (``structured_outputs`` applied at every position, no drafting);
-  * the shipped default (what ``specdec serve`` runs with no model named): suffix hybrid, the grammar's forced
-    text proposed without drafting (jump-forward), drafts checked against the grammar.
+  * suffix decoding before the draft model (``specdec.config.draft_model_pair_config``, the shipped default before
+    the EAGLE-3 head): the grammar's forced text proposed without drafting (jump-forward), drafts checked against
+    the grammar.
 
 (a) speed: ``--tasks`` extraction requests (a source text and a JSON schema each, through the target's chat
     template, gRPC ``GenerateRequest.structured_outputs``), each setup back to back per request. Reported:
@@ -45,7 +46,7 @@ from bench_serving import ServedStack  # noqa: E402
 from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, report_checks,  # noqa: E402
                     smoke_environment, smoke_models, write_json)
 
-from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config  # noqa: E402
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, draft_model_pair_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 GOAL = 1.5
@@ -92,8 +93,7 @@ def task_message(text: str, schema: dict) -> str:
 
 
 def setups(args) -> dict[str, dict | None]:
-    return {"target alone": None, "shipped default (suffix hybrid)": {**default_speculative_config(),
-                                                                       "model": args.draft}}
+    return {"target alone": None, "suffix + draft model": {**draft_model_pair_config(), "model": args.draft}}
 
 
 def generate(stub, prompt: str, schema: dict, max_tokens: int) -> dict:

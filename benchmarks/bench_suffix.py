@@ -6,8 +6,8 @@ Side by side in one run, greedy, the same target (default: the embedded ``smollm
   * the target alone;
   * suffix decoding (``"method": "suffix"``, no model), k up to ``--suffix-k`` (15), drafts up to
     ``--suffix-factor`` (4) x the matched length, vLLM's defaults otherwise;
-  * the shipped default (what ``specdec serve`` runs with no model named, with ``--draft``): suffix hybrid,
-    suffix drafts first, the draft model where suffix has no confident match;
+  * the suffix/draft-model pair (``specdec.config.draft_model_pair_config``, the shipped default before the EAGLE-3
+    head, with ``--draft``): suffix drafts first, the draft model where suffix has no confident match;
   * n-gram drafting, k = 4, lookup 2-4;
   * the n-gram hybrid that was the default before (lookup 3-2, else the draft model, k = 1).
 
@@ -52,7 +52,7 @@ from bench_serving import ServedStack  # noqa: E402
 from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, report_checks,  # noqa: E402
                     smoke_environment, smoke_models, write_json)
 
-from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config  # noqa: E402
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config, draft_model_pair_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def setups(args) -> dict[str, dict | None]:
         "target alone": None,
         f"suffix k<={args.suffix_k} factor {args.suffix_factor:g}": {
             "method": "suffix", "num_speculative_tokens": args.suffix_k, "suffix_decoding_max_spec_factor": args.suffix_factor},
-        "shipped default (suffix hybrid)": "default",
+        "suffix/draft-model pair": "default",
         "n-gram k=4 (lookup 2-4)": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                                     "prompt_lookup_min": 2},
         "n-gram hybrid (the default before)": {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 1,
@@ -174,7 +174,7 @@ def start_stacks(es: contextlib.ExitStack, specs: dict, args, fmt, requests: int
     stacks, stubs = {}, {}
     for label, spec in specs.items():
         if spec == "default":  # serve's default pair (what it runs with no model named), for this target
-            spec = specs[label] = {**default_speculative_config(), "model": args.draft}
+            spec = specs[label] = {**draft_model_pair_config(), "model": args.draft}
         cfg = dict(model=args.target, host="127.0.0.1", grpc_port=0, port=-1, dtype=args.dtype,
                    draft_dtype=args.dtype, num_threads=args.threads,
                    speculative_config=None if spec is None else json.dumps(spec), **(serve_options or {}).get(label, {}))

@@ -6,10 +6,13 @@ Side by side in one run, greedy, the same target (default: the embedded ``smollm
   * the target alone;
   * suffix decoding as chains (``"method": "suffix"``, no model, k up to ``--k`` (15), factor ``--factor`` (4));
   * the same with token trees (every branch the suffix trees hold above min_token_prob, up to k nodes);
-  * the shipped default (suffix hybrid: suffix chains, else the draft model);
-  * the shipped default with token trees (suffix rounds: the suffix trees' branches; the draft model's rounds: its
-    top-4 candidates per expanded node, 15 nodes at most: ``specdec.engine.tree_drafting``);
-  * the shipped draft model alone at k = ``--model-k`` (3), as chains and as trees.
+  * the shipped default (suffix decoding before the EAGLE-3 head ``--eagle3-head``: a suffix match expecting 1.5+
+    accepted tokens, else the head, depth 3), as chains and with token trees (suffix rounds: the suffix trees'
+    branches; the head's rounds: EAGLE-2's dynamic tree, 15 nodes at most);
+  * the shipped draft model alone at k = ``--model-k`` (3), as chains and as trees;
+  * n-gram lookup, as chains and as trees;
+  * the default before the EAGLE-3 head (suffix decoding before the draft model: ``draft_model_pair_config``), as
+    chains and with trees (the draft model's rounds: its top-4 candidates per expanded node).
 
 Workloads, in this order:
   (a) agent-like traffic that no benchmark or setting here was tuned on (``--agent-requests``, 40): tool calls
@@ -17,7 +20,9 @@ Workloads, in this order:
       incident reports in a fixed format, and every request re-issued with one small change (another city, another
       name, another number): where earlier answers diverge, a chain bets on one branch, a tree carries several;
   (b) open-ended chat: the open-ended prompts of ``specdec/assets/prompts/chat.json``.
-Then (c) concurrency: ``--streams`` (8) streams at once over agent requests, chains against trees.
+Then (c) concurrency: ``--streams`` (8) streams at once over agent requests, each setup named in
+``--stream-setups`` (default: the suffix chains and trees, the shipped default with trees and the suffix/draft-model
+pair with trees).
 
 Per setup and workload: tokens/s, speed-up over the target alone, tokens per target pass, mean nodes per drafted
 round, acceptance (accepted / drafted nodes) and whether every output equals the target alone's. Goals (the
@@ -46,7 +51,8 @@ from bench_suffix import aggregate, generate, measure_rotating, project_function
 from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, report_checks,  # noqa: E402
                     smoke_environment, smoke_models, write_json)
 
-from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config  # noqa: E402
+from specdec.config import (DEFAULT_DRAFT, DEFAULT_EAGLE3_HEAD, DEFAULT_TARGET, default_speculative_config,  # noqa: E402
+                            draft_model_pair_config)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_FILE = ROOT / "specdec" / "assets" / "prompts" / "chat.json"
@@ -105,17 +111,22 @@ def agent_requests(n: int, seed: int = 1) -> list[str]:
 
 def setups(args) -> dict[str, dict | None]:
     suffix = {"method": "suffix", "num_speculative_tokens": args.k, "suffix_decoding_max_spec_factor": args.factor}
-    default = {**default_speculative_config(), "model": args.draft}
+    default = {**default_speculative_config(), "model": args.eagle3_head}
+    default.pop("speculative_token_tree", None)  # the chains row; the trees row adds it back
+    pair = {**draft_model_pair_config(), "model": args.draft}
+    pair.pop("speculative_token_tree", None)
     model = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.model_k}
     ngram = {"method": "ngram", "num_speculative_tokens": args.ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     every = {"target alone": None, f"suffix k<={args.k} chains": suffix,
-            f"suffix k<={args.k} trees": {**suffix, "speculative_token_tree": "dynamic"},
-            "shipped default (chains)": default,
-            "shipped default with trees": {**default, "speculative_token_tree": "dynamic"},
-            f"draft model k={args.model_k} chains": model,
-            f"draft model k={args.model_k} trees": {**model, "speculative_token_tree": "dynamic"},
-            f"n-gram k={args.ngram_k} chains": ngram,
-            f"n-gram k={args.ngram_k} trees": {**ngram, "speculative_token_tree": "dynamic"}}
+             f"suffix k<={args.k} trees": {**suffix, "speculative_token_tree": "dynamic"},
+             "shipped default (chains)": default,
+             "shipped default with trees": {**default, "speculative_token_tree": "dynamic"},
+             f"draft model k={args.model_k} chains": model,
+             f"draft model k={args.model_k} trees": {**model, "speculative_token_tree": "dynamic"},
+             f"n-gram k={args.ngram_k} chains": ngram,
+             f"n-gram k={args.ngram_k} trees": {**ngram, "speculative_token_tree": "dynamic"},
+             "suffix + draft model (chains)": pair,
+             "suffix + draft model trees": {**pair, "speculative_token_tree": "dynamic"}}
     if not args.setups:
         return every
     wanted = [w.strip() for w in args.setups.split(",") if w.strip()]
@@ -140,6 +151,9 @@ def main() -> int:
     ap.add_argument("--model-k", type=int, default=3, help="num_speculative_tokens of the draft-model rows (a tree's depth)")
     ap.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of the n-gram rows (a tree's node "
                     "budget)")
+    ap.add_argument("--eagle3-head", default=DEFAULT_EAGLE3_HEAD, help="the shipped default's EAGLE-3 head")
+    ap.add_argument("--stream-setups", default="suffix k,shipped default with trees,suffix + draft model trees",
+                    help="comma-separated parts of the row names the concurrency phase runs")
     ap.add_argument("--setups", default="", help="comma-separated parts of row names to run (the target alone always "
                     "runs; default: every row)")
     ap.add_argument("--agent-requests", type=int, default=40)
@@ -159,6 +173,8 @@ def main() -> int:
         smoke_environment(tmp.name)
         models = smoke_models(tmp.name)
         args.target, args.draft = models.target, models.draft
+        from bench_eagle3 import _smoke_head
+        args.eagle3_head = _smoke_head(args.target, Path(tmp.name) / "head")
         args.agent_requests, args.chat_prompts, args.max_tokens, args.threads, args.streams = 4, 1, 8, 1, 2
         args.k, args.in_process = 8, True
     fmt = chat_formatter(args.target, True)
@@ -177,7 +193,9 @@ def main() -> int:
         runs = measure_rotating(stubs, prompts, args.max_tokens)
         if args.streams:
             batch = [fmt(m) for m in agent_requests(2 * args.streams, seed=2)]
-            for label in (labels[1], labels[2], labels[1], labels[2]):  # twice each, alternating
+            wanted = [w.strip() for w in args.stream_setups.split(",") if w.strip()]
+            streamed = [label for label in labels[1:] if any(w in label for w in wanted)]
+            for label in streamed + streamed:  # twice each, alternating
                 tps, _ = run_streams(stubs[label], batch, args.streams, args.max_tokens)
                 concurrency[label] = max(concurrency.get(label, 0.0), tps)
         measured_s = time.perf_counter() - measure_start
@@ -205,7 +223,7 @@ def main() -> int:
         f"vs {(by[(labels[5], 'open chat')]['tokens/pass'] or 0):.2f})":
             (by[(labels[6], "open chat")]["tokens/pass"] or 0) >= 1.3 * (by[(labels[5], "open chat")]["tokens/pass"] or 0),
     }
-    if concurrency:
+    if not args.setups and chain in concurrency and tree in concurrency:
         goals[f"{args.streams} streams: trees no slower than chains ({concurrency[tree]:.1f} vs "
               f"{concurrency[chain]:.1f} tokens/s)"] = concurrency[tree] >= 0.97 * concurrency[chain]
     checks = {f"{label}: every output identical to the target alone's": all(

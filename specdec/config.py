@@ -163,7 +163,8 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 2  # k when a speculative_config names none
 # (specdec.engine.quant). None (the default) picks by role: int8 for a draft, none for a target.
 QUANTIZATIONS = ("none", "int8", "fp8")
 AUTO_QUANTIZATION = "auto"  # the role's default: int8 for a draft, none for a target
-# The embedded default pair drafts suffix-hybrid: a confident suffix-tree match (the sequence's own history and
+# The suffix/draft-model pair (draft_model_pair_config, the default before the EAGLE-3 head) drafts suffix-hybrid: a
+# confident suffix-tree match (the sequence's own history and
 # earlier requests' outputs, specdec.suffix) proposes up to DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS tokens, else the
 # draft model proposes DEFAULT_PAIR_DRAFT_MODEL_K. Measured (benchmarks/bench_suffix.py, served, greedy, fp32,
 # 2 cores avx2): agent traffic 3.02x, input-grounded 2.20x, open prose 1.11x the target alone, against 1.36x /
@@ -175,6 +176,15 @@ AUTO_QUANTIZATION = "auto"  # the role's default: int8 for a draft, none for a t
 # matched length (vLLM's default is 1): agent traffic 2.68x (factor 1), 2.94x (2), 3.14x (4) at k<=15, and
 # 2.87x at k<=31 with factor 2 (bench_suffix.py --only-variants, one run).
 DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 15
+# The embedded default pair puts suffix decoding before the shipped EAGLE-3 head (DEFAULT_EAGLE3_HEAD, "method":
+# "eagle3", "enable_suffix_decoding": true): a suffix match that expects at least DEFAULT_PAIR_SUFFIX_MIN_SCORE
+# accepted tokens proposes (up to DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS), else the head grows a token tree of depth
+# DEFAULT_PAIR_HEAD_DEPTH from the target's own hidden states. Measured (benchmarks/bench_trees.py, served, greedy,
+# default dtypes, 2-core AMD EPYC avx512, one run): open chat 1.65x the target alone against 1.27x for the
+# suffix/draft-model pair it replaced (2.04 tokens per pass against 1.46), agent-like traffic 3.01x against 3.06x,
+# 8 streams 157 against 163 tokens/s, every output identical; mixed prompts (bench_eagle3.py) 1.80x against 1.49x.
+DEFAULT_PAIR_HEAD_DEPTH = 3
+DEFAULT_PAIR_SUFFIX_MIN_SCORE = 1.5
 DEFAULT_PAIR_DRAFT_MODEL_K = 1
 DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR = 4.0
 # The default pair verifies without drafts while this many sequences generate (vLLM's disable_by_batch_size).
@@ -189,8 +199,9 @@ DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE = 3
 # 1.25), agent-like traffic 3.44x against 3.36x, every output identical; 8 streams of suffix trees no slower
 # than chains (232 against 230 tokens/s; from 3 streams the pair does not speculate anyway).
 DEFAULT_PAIR_TOKEN_TREE = DYNAMIC
-# Without ArcticInference (suffix decoding), the default pair drafts with its model alone: trees of depth 3, the
-# model-only setting bench_trees.py measured best (same run: 1.18x on open chat, 1.20x on agent-like traffic).
+# Without ArcticInference (suffix decoding), the suffix/draft-model pair drafts with its model alone: trees of depth
+# 3, the model-only setting bench_trees.py measured best (same run: 1.18x on open chat, 1.20x on agent-like traffic).
+# The default pair then drafts with its head alone, trees of depth DEFAULT_PAIR_HEAD_DEPTH.
 DEFAULT_PAIR_FALLBACK_K = 3
 # The OpenAI HTTP port of `specdec serve`, docker-compose and the chart (the gateway alone has none unless
 # --http-port is given), and where `specdec bench` looks by default.
@@ -465,17 +476,43 @@ def default_draft_path():
     return path if (path / "config.json").exists() else None
 
 
+def default_head_path():
+    """The embedded EAGLE-3 head (trained for smollm2-135m) shipped inside the package, if present."""
+    path = SHIPPED_MODELS[DEFAULT_EAGLE3_HEAD]
+    return path if (path / "config.json").exists() else None
+
+
 def default_speculative_config() -> dict | None:
-    """The embedded default pair's speculative_config (None while no default draft is shipped). Where
-    ArcticInference's suffix tree is not installed (it is built from source with a C++ compiler), the pair drafts
-    with its model alone, token trees and all, and says so once: the first command still serves."""
+    """The embedded default pair's speculative_config: suffix decoding before the shipped EAGLE-3 head, token trees
+    (``DEFAULT_PAIR_HEAD_DEPTH`` and the constants above). Where ArcticInference's suffix tree is not installed (it
+    is built from source with a C++ compiler), the head drafts alone and says so once: the first command still
+    serves. Without a shipped head: the draft-model pair (``draft_model_pair_config``); without either, None."""
+    if default_head_path() is None:
+        return draft_model_pair_config()
+    pair = {"model": DEFAULT_EAGLE3_HEAD, "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE,
+            "speculative_token_tree": DEFAULT_PAIR_TOKEN_TREE}
+    ok, why = suffix_available()
+    if not ok:
+        _warn_once(f"the embedded default pair drafts with its EAGLE-3 head alone (no suffix decoding): {why}")
+        return {"method": "eagle3", "num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH, **pair}
+    return {"method": "eagle3", "enable_suffix_decoding": True,
+            "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
+            "draft_model_num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH,
+            "suffix_decoding_max_spec_factor": DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR,
+            "suffix_decoding_min_score": DEFAULT_PAIR_SUFFIX_MIN_SCORE, **pair}
+
+
+def draft_model_pair_config() -> dict | None:
+    """The suffix/draft-model pair (the default before the EAGLE-3 head): suffix trees first, else the distilled
+    draft model (``DEFAULT_DRAFT``) at k = DEFAULT_PAIR_DRAFT_MODEL_K; without ArcticInference, the model alone at
+    depth DEFAULT_PAIR_FALLBACK_K. None while no draft is shipped."""
     if default_draft_path() is None:
         return None
     pair = {"model": DEFAULT_DRAFT, "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE,
             "speculative_token_tree": DEFAULT_PAIR_TOKEN_TREE}
     ok, why = suffix_available()
     if not ok:
-        _warn_once(f"the embedded default pair drafts with its draft model alone (no suffix decoding): {why}")
+        _warn_once(f"the suffix/draft-model pair drafts with its draft model alone (no suffix decoding): {why}")
         return {"method": "draft_model", "num_speculative_tokens": DEFAULT_PAIR_FALLBACK_K, **pair}
     return {"method": "suffix", "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
             "draft_model_num_speculative_tokens": DEFAULT_PAIR_DRAFT_MODEL_K,

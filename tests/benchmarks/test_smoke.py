@@ -528,7 +528,7 @@ def test_smoke_quantization(tmp_path):
 # bench_suffix.py: suffix decoding vs the target alone, suffix hybrid, n-gram, the shipped default
 
 
-SUFFIX_SETUPS = ["target alone", "suffix k<=8 factor 4", "shipped default (suffix hybrid)", "n-gram k=4 (lookup 2-4)",
+SUFFIX_SETUPS = ["target alone", "suffix k<=8 factor 4", "suffix/draft-model pair", "n-gram k=4 (lookup 2-4)",
                  "n-gram hybrid (the default before)"]
 SUFFIX_WORKLOADS = ["agent", "input-grounded", "open prose", "mixed"]
 SUFFIX = Expected(
@@ -579,7 +579,7 @@ def test_smoke_structured(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert [r["setup"] for r in data["rows"]] == ["target alone", "shipped default (suffix hybrid)"]
+    assert [r["setup"] for r in data["rows"]] == ["target alone", "suffix + draft model"]
     assert all(r["identical"] for r in data["rows"]) and data["rows"][0]["speedup"] == 1.0
     assert 0.0 <= data["rows"][0]["forced share"] <= 1.0 and data["parse"]["requests"] == 2
     assert len(data["measurements"]) == 2 * len(data["tasks"])
@@ -670,7 +670,7 @@ def test_smoke_eagle3(tmp_path):
 
 TREES_SETUPS = ["target alone", "suffix k<=8 chains", "suffix k<=8 trees", "shipped default (chains)",
                 "shipped default with trees", "draft model k=3 chains", "draft model k=3 trees", "n-gram k=8 chains",
-                "n-gram k=8 trees"]
+                "n-gram k=8 trees", "suffix + draft model (chains)", "suffix + draft model trees"]
 TREES = Expected(
     "bench_trees.py", ["setup", "workload", "tokens/s", "speedup", "decode speedup", "tokens/pass", "mean draft", "acceptance",
                        "identical"],
@@ -688,7 +688,10 @@ def test_smoke_trees(tmp_path):
     assert [r["workload"] for r in data["rows"]] == [w for w in ("agent", "open chat") for _ in TREES_SETUPS]
     assert all(r["identical"] for r in data["rows"])
     assert data["setups"]["suffix k<=8 trees"]["speculative_token_tree"] == "dynamic"
-    assert set(data["concurrency_tokens_per_s"]) == {"suffix k<=8 chains", "suffix k<=8 trees"}
+    assert set(data["concurrency_tokens_per_s"]) == {"suffix k<=8 chains", "suffix k<=8 trees",
+                                                     "shipped default with trees", "suffix + draft model trees"}
+    assert data["setups"]["shipped default with trees"]["method"] == "eagle3"  # suffix decoding before the head
+    assert data["setups"]["suffix + draft model trees"]["method"] == "suffix"
     # the agent requests come in pairs: each one re-issued with a small change
     agent = data["messages"]["agent"]
     assert len(agent) == 4 and agent[0] != agent[1] and agent[0][:40] == agent[1][:40]

@@ -253,7 +253,7 @@ def test_schema_follows_the_code():
     """speculativeConfig has exactly --speculative-config's keys; limits and defaults are the code's."""
     from draft_service.config import DraftServiceConfig
     from gateway.config import GatewayConfig
-    from specdec.config import DEFAULT_DRAFT, DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS, DEFAULT_TARGET, SpeculativeConfig
+    from specdec.config import DEFAULT_EAGLE3_HEAD, DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS, DEFAULT_TARGET, SpeculativeConfig
     from specdec.proposal import MAX_NUM_SPECULATIVE_TOKENS
     from target_service.config import TargetServiceConfig
 
@@ -272,7 +272,7 @@ def test_schema_follows_the_code():
     unset = SpeculativeConfig()  # and every other key the code's default
     for key in set(SpeculativeConfig.valid_keys()) - set(pair) - {"model", "max_model_len", "revision", "quantization"}:
         assert values["speculativeConfig"][key] == getattr(unset, key), key
-    assert (values["target"]["model"], values["draft"]["model"]) == (DEFAULT_TARGET, DEFAULT_DRAFT)
+    assert (values["target"]["model"], values["draft"]["model"]) == (DEFAULT_TARGET, DEFAULT_EAGLE3_HEAD)
     defaults = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
     assert values["gateway"]["grpcPort"] == defaults["port"]
     assert values["draft"]["port"] == {f.name: f.default for f in dataclasses.fields(DraftServiceConfig)}["port"]
@@ -950,7 +950,7 @@ def test_schema_refuses_bad_tls_and_drain_values(values, message):
     test_schema_refuses_bad_values(values, message)
 
 
-def test_the_charts_tls_settings_serve_over_mutual_tls(pki, target_dir, good_draft_dir, monkeypatch):
+def test_the_charts_tls_settings_serve_over_mutual_tls(pki, target_dir, eagle3_head_dir, monkeypatch):
     """The tls-secret case's containers, configured by their rendered env (parsed by the CLI) with the
     Secret's paths pointing at test certificates: the backends serve mutual TLS, the gateway dials their
     resolved addresses (dns:///) checking the chart's serverName, and HTTPS requires client certificates.
@@ -973,8 +973,9 @@ def test_the_charts_tls_settings_serve_over_mutual_tls(pki, target_dir, good_dra
     try:
         target = create_target(dataclasses.replace(chart["target"], model=str(target_dir), **local))
         handles.append(target)
-        draft = create_draft(dataclasses.replace(chart["draft"], model=str(good_draft_dir), quantization="none",
-                                                 **local))
+        assert chart["draft"].method == "eagle3"  # the default pair's head, here the tiny target's
+        draft = create_draft(dataclasses.replace(chart["draft"], model=str(eagle3_head_dir), target_model=str(target_dir),
+                                                 quantization="none", **local))
         handles.append(draft)
         gateway = create_gateway(dataclasses.replace(
             chart["gateway"], draft_addr=f"dns:///localhost:{draft.port}", target_addr=f"dns:///localhost:{target.port}",

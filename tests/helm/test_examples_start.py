@@ -16,10 +16,13 @@ from tests.helm.test_chart import EXAMPLES, _parse_like_the_cli, by_component, c
 NAMES = [p.name.removesuffix("-values.yaml") for p in EXAMPLES]
 
 
-def _local(config, model, pki, target_dir=None):
-    """The chart's config with what cannot exist here swapped for local stand-ins."""
+def _local(config, model, pki, target_dir=None, head=None):
+    """The chart's config with what cannot exist here swapped for local stand-ins (``head``: an EAGLE-3 head's, for
+    the tiny target)."""
     swaps = {"model": str(model), "revision": None, "host": "127.0.0.1", "port": 0, "num_threads": 1,
              "device": "cpu"}
+    if getattr(config, "method", None) == "eagle3":
+        swaps.update(model=str(head), target_model=str(target_dir))
     if config.metrics_port is not None:
         swaps["metrics_port"] = 0
     if getattr(config, "target_tokenizer", None):  # the draft's, with TLI
@@ -32,7 +35,8 @@ def _local(config, model, pki, target_dir=None):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("name", NAMES)
-def test_the_examples_backends_start_from_the_charts_settings(name, monkeypatch, target_dir, good_draft_dir, pki):
+def test_the_examples_backends_start_from_the_charts_settings(name, monkeypatch, target_dir, good_draft_dir, pki,
+                                                              eagle3_head_dir):
     from draft_service.server import create_server as create_draft
     from target_service.server import create_server as create_target
 
@@ -42,7 +46,7 @@ def test_the_examples_backends_start_from_the_charts_settings(name, monkeypatch,
     handles = []
     try:
         handles.append(create_target(_local(target_config, target_dir, pki)))
-        handles.append(create_draft(_local(draft_config, good_draft_dir, pki, target_dir)))
+        handles.append(create_draft(_local(draft_config, good_draft_dir, pki, target_dir, eagle3_head_dir)))
         for handle in handles:
             assert handle.backend.ready.is_set(), f"{name}: {handle.backend.role} did not load"
     finally:
@@ -58,8 +62,11 @@ def test_hybrid_k_is_rendered_for_hybrid_drafting_only():
         return env_of(container(by_component({"speculativeConfig": spec}, "Deployment")["draft"]))
 
     key = "SPECDEC_DRAFT_DRAFT_MODEL_NUM_SPECULATIVE_TOKENS"
-    assert draft_env({})[key] == "1"  # the default pair: suffix + the model
-    assert draft_env({"method": "draft_model", "prompt_lookup_max": 4, "num_speculative_tokens": 4})[key] == "1"
+    assert draft_env({})[key] == "3"  # the default pair: suffix decoding before the EAGLE-3 head, depth 3
+    assert draft_env({"method": "suffix", "draft_model_num_speculative_tokens": 1})[key] == "1"  # suffix + a model
+    assert draft_env({"method": "draft_model", "prompt_lookup_max": 4, "num_speculative_tokens": 4,
+                      "draft_model_num_speculative_tokens": 1})[key] == "1"
+    assert "SPECDEC_DRAFT_ENABLE_SUFFIX_DECODING" not in draft_env({"method": "suffix"})  # the head's key only
     assert key not in draft_env({"method": "draft_model", "num_speculative_tokens": 4})
     assert key not in draft_env({"method": "ngram", "prompt_lookup_max": 4})
     assert key not in draft_env({"method": "suffix", "model": "none"})

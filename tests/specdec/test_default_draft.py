@@ -3,7 +3,8 @@
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_draft_path, default_speculative_config
+from specdec.config import (DEFAULT_DRAFT, DEFAULT_EAGLE3_HEAD, DEFAULT_TARGET, default_draft_path,
+                            default_speculative_config, draft_model_pair_config)
 from specdec.engine.models import load_model
 
 pytestmark = pytest.mark.slow
@@ -16,7 +17,8 @@ def test_default_draft_is_shipped_and_small():
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not work & set(f.relative_to(path).parts))
     assert size < 60 * 2**20, f"the shipped draft takes {size / 2**20:.1f} MiB"
     assert (path / "README.md").exists(), "the model card records how the draft was made"
-    assert default_speculative_config()["model"] == DEFAULT_DRAFT
+    assert draft_model_pair_config()["model"] == DEFAULT_DRAFT
+    assert default_speculative_config()["model"] == DEFAULT_EAGLE3_HEAD  # the default pair drafts with the head
 
 
 def test_default_draft_shares_the_target_tokenizer():
@@ -26,12 +28,13 @@ def test_default_draft_shares_the_target_tokenizer():
     assert draft.model.num_parameters() < target.model.num_parameters() / 4
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_default_pair_is_lossless_greedy(k):
+@pytest.mark.parametrize("pair", [default_speculative_config, draft_model_pair_config])
+@pytest.mark.parametrize("k", [3, 8])
+def test_default_pair_is_lossless_greedy(k, pair):
+    """The default pair (suffix decoding before the EAGLE-3 head) and the suffix/draft-model pair."""
     prompts = ["The history of the printing press begins", "def fibonacci(n):\n"]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    spec = LLM(DEFAULT_TARGET, speculative_config={**default_speculative_config(), "num_speculative_tokens": k},
-               dtype="float32")
+    spec = LLM(DEFAULT_TARGET, speculative_config={**pair(), "num_speculative_tokens": k}, dtype="float32")
     base = LLM(DEFAULT_TARGET, dtype="float32")
     outs, refs = spec.generate(prompts, params), base.generate(prompts, params)
     for out, ref in zip(outs, refs):

@@ -121,16 +121,23 @@ spec:
             - name: SPECDEC_DRAFT_PROMPT_LOOKUP_MIN
               value: {{ include "specdec.envValue" . }}
             {{- end }}
-            {{- range $key := list "suffix_decoding_max_tree_depth" "suffix_decoding_max_cached_requests" "suffix_decoding_max_spec_factor" "suffix_decoding_min_token_prob" "suffix_decoding_min_score" "enable_suffix_decoding" "speculative_token_tree" "speculative_eagle_topk" "speculative_num_draft_tokens" }}
+            {{- range $key := list "suffix_decoding_max_tree_depth" "suffix_decoding_max_cached_requests" "suffix_decoding_max_spec_factor" "suffix_decoding_min_token_prob" "suffix_decoding_min_score" "speculative_token_tree" "speculative_eagle_topk" "speculative_num_draft_tokens" }}
             {{- if and (hasKey $spec $key) (not (kindIs "invalid" (get $spec $key))) }}
             - name: SPECDEC_DRAFT_{{ upper $key }}
               value: {{ include "specdec.envValue" (get $spec $key) }}
             {{- end }}
             {{- end }}
+            {{- $method := $spec.method | default "draft_model" }}
+            {{- /* enable_suffix_decoding applies to an EAGLE-3 head only (the default pair's): another method set
+                   without unsetting it still starts */}}
+            {{- $suffixFirst := and (eq $method "eagle3") $spec.enable_suffix_decoding }}
+            {{- if and (eq $method "eagle3") (hasKey $spec "enable_suffix_decoding") (not (kindIs "invalid" $spec.enable_suffix_decoding)) }}
+            - name: SPECDEC_DRAFT_ENABLE_SUFFIX_DECODING
+              value: {{ include "specdec.envValue" $spec.enable_suffix_decoding }}
+            {{- end }}
             {{- /* the model's own k applies to hybrid drafting only (a lookup method and a model): elsewhere the
                    draft service refuses it, so a method or model set without unsetting it still starts */}}
-            {{- $method := $spec.method | default "draft_model" }}
-            {{- $hybrid := and (ne $method "ngram") (ne (include "specdec.draftModel" $root) "none") (or (eq $method "suffix") $spec.prompt_lookup_max $spec.enable_suffix_decoding) }}
+            {{- $hybrid := and (ne $method "ngram") (ne (include "specdec.draftModel" $root) "none") (or (eq $method "suffix") $spec.prompt_lookup_max $suffixFirst) }}
             {{- if and $hybrid (not (kindIs "invalid" $spec.draft_model_num_speculative_tokens)) }}
             - name: SPECDEC_DRAFT_DRAFT_MODEL_NUM_SPECULATIVE_TOKENS
               value: {{ include "specdec.envValue" $spec.draft_model_num_speculative_tokens }}
