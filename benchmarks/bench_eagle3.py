@@ -22,8 +22,8 @@ prompts the head was trained on), through the target's chat template, answers to
 Sets: open-ended, input-grounded, mixed (every other of each). Greedy rows: every prompt, every row back to back
 in a rotating order, ``--repeats`` passes; a row's time on a prompt is its fastest repeat. Reported per row and
 set: tokens/s, speed-up over the target alone, acceptance, tokens per target pass, identical output. Sampled rows
-(``--temperatures``, seeded): the target alone and EAGLE-3 at ``--sampled-k``, acceptance and tokens/s, the text
-equal to the target alone's (the coupled rule of seeded requests).
+(``--temperatures``, seeded): the target alone, EAGLE-3 at ``--sampled-k`` and the default pair, acceptance and
+tokens/s, the text equal to the target alone's (the coupled rule of seeded requests).
 
 Wire: the features a round moves (the target's Verify response, the draft's Propose request: rows x width bf16)
 per round, and their cost, measured on a target service started here after the rows: the same Verify (a 200-token
@@ -188,7 +188,7 @@ def main() -> int:
         for t in args.temperatures:  # sampled: open-ended prompts, seeded, one pass
             for i in sets["open-ended"]:
                 for label, stack, k in (("target alone", "target", None), (f"eagle3 k={args.sampled_k}", "eagle3",
-                                                                            args.sampled_k)):
+                                                                            args.sampled_k), ("default pair", "default", None)):
                     sampled[(t, label, i)] = generate(stubs[stack], prompts[i], k, args.max_tokens, False, t,
                                                        seed=1000 + i)
         measured = time.perf_counter() - began
@@ -198,15 +198,15 @@ def main() -> int:
         idx = sets["open-ended"]
         base = sum(len(sampled[(t, "target alone", i)]["token_ids"]) for i in idx) / sum(
             sampled[(t, "target alone", i)]["seconds"] for i in idx)
-        label = f"eagle3 k={args.sampled_k}"
-        res = [sampled[(t, label, i)] for i in idx]
-        tps = sum(len(x["token_ids"]) for x in res) / sum(x["seconds"] for x in res)
-        drafted = sum(x["drafted"] for x in res)
-        sampled_rows.append({"temperature": t, "setup": label, "tokens/s": tps, "speedup": tps / base,
-                             "acceptance": sum(x["accepted"] for x in res) / drafted if drafted else None,
-                             "tokens/pass": sum(len(x["token_ids"]) for x in res) / sum(x["passes"] for x in res),
-                             "identical": all(sampled[(t, label, i)]["token_ids"] == sampled[(t, "target alone", i)][
-                                 "token_ids"] for i in idx)})
+        for label in (f"eagle3 k={args.sampled_k}", "default pair"):
+            res = [sampled[(t, label, i)] for i in idx]
+            tps = sum(len(x["token_ids"]) for x in res) / sum(x["seconds"] for x in res)
+            drafted = sum(x["drafted"] for x in res)
+            sampled_rows.append({"temperature": t, "setup": label, "tokens/s": tps, "speedup": tps / base,
+                                 "acceptance": sum(x["accepted"] for x in res) / drafted if drafted else None,
+                                 "tokens/pass": sum(len(x["token_ids"]) for x in res) / sum(x["passes"] for x in res),
+                                 "identical": all(sampled[(t, label, i)]["token_ids"] == sampled[(t, "target alone", i)][
+                                     "token_ids"] for i in idx)})
     target_cfg = json.loads((Path(resolve_model_path(args.target)[0]) / "config.json").read_text())
     hidden = (target_cfg.get("text_config") or target_cfg)["hidden_size"]
     layers = list(info.draft.feature_layers)

@@ -657,7 +657,8 @@ def test_smoke_eagle3(tmp_path):
     assert data["stacks"]["eagle3 trees"]["speculative_token_tree"] == "dynamic"
     assert data["stacks"]["eagle3 hybrid 0"]["enable_suffix_decoding"] is True
     assert data["stacks"]["eagle3 hybrid 1"]["suffix_decoding_min_score"] == 1.0
-    assert [r["temperature"] for r in data["sampled"]] == [0.7] and data["sampled"][0]["identical"]
+    assert [(r["temperature"], r["setup"]) for r in data["sampled"]] == [(0.7, "eagle3 k=3"), (0.7, "default pair")]
+    assert all(r["identical"] for r in data["sampled"])
     wire = data["wire"]
     assert wire["width"] == 3 * 64 and wire["bytes_per_round"] > 0 and wire["with"]["response_bytes"] > \
         wire["without"]["response_bytes"] + 2 * wire["width"]  # the features are in the response
