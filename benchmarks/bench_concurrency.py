@@ -39,7 +39,7 @@ from bench_serving import ServedStack, target_batches  # noqa: E402
 from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, json_path, print_table, smoke_environment,  # noqa: E402
                     smoke_models, write_json)
 
-from specdec.config import default_speculative_config  # noqa: E402
+from specdec.config import SpeculativeConfig, default_speculative_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 COLUMNS = ["setup", "streams", "tokens/s", "x 1 stream", "batch/streams", "gap p50 ms", "gap p99 ms", "identical"]
@@ -136,7 +136,7 @@ def main() -> int:
     max_batch = max(16, max(levels))
     base = dict(model=target, host="127.0.0.1", grpc_port=0, port=0, dtype=args.dtype, num_threads=args.threads,
                 max_batch_size=max_batch)
-    if spec.get("method") == "suffix" and "suffix_decoding_max_cached_requests" not in spec:
+    if SpeculativeConfig.from_any(spec).uses_suffix and "suffix_decoding_max_cached_requests" not in spec:
         # Every level and repeat (and the warm-up) sends the same prompts: suffix decoding's global tree would
         # replay earlier runs' outputs and measure a cache, not concurrency. Each request drafts from its own tree.
         spec = {**spec, "suffix_decoding_max_cached_requests": 0}

@@ -1,4 +1,5 @@
-"""The embedded default pair (smollm2-135m + the distilled smollm2-135m-draft) through the served stack.
+"""The target with the distilled draft model (smollm2-135m + smollm2-135m-draft: the embedded pair before the EAGLE-3
+head) through the served stack.
 
 Side by side in one run, greedy, held-out prose and code prompts (not from the distillation corpus):
 the target alone, specdec for several k and target dtypes, and HF assisted generation on the same

@@ -20,7 +20,7 @@ gateway sees them, and the share of lookaheads won. The analytical bounds:
 
 Each measured ratio is reported as a fraction of its bound.
 
-    python benchmarks/bench_overlap.py                          # default pair + model draft k=3
+    python benchmarks/bench_overlap.py                          # suffix/draft-model pair + model draft k=3
     python benchmarks/bench_overlap.py --max-tokens 96 --repeats 3
     python benchmarks/bench_overlap.py --target gemma-3-270m --speculative-config \
         '{"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 1, "use_heterogeneous_vocab": true}'
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (PROMPTS, SMOKE_PROMPTS, add_common_args, cpu_info, json_path, print_table,  # noqa: E402
                     smoke_environment, smoke_models, write_json)
 
-from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config  # noqa: E402
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, draft_model_pair_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +168,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--speculative-config", action="append", default=None,
-                    help="JSON, repeatable (default: the embedded default pair, and its draft model alone at k=3)")
+                    help="JSON, repeatable (default: the suffix/draft-model pair (an EAGLE head cannot overlap), "
+                    "and its draft model alone at k=3)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
@@ -181,7 +182,7 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory(prefix="specdec-bench-overlap-")
     target = args.target
     specs = [json.loads(s) for s in args.speculative_config] if args.speculative_config else [
-        default_speculative_config(), {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": 3}]
+        draft_model_pair_config(), {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": 3}]
     if args.smoke:
         smoke_environment(tmp.name)
         models = smoke_models(tmp.name)

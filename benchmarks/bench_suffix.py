@@ -1,4 +1,4 @@
-"""Suffix decoding against the target alone, n-gram drafting and the shipped default, through the served stack.
+"""Suffix decoding against the target alone, n-gram drafting and the suffix/draft-model pair, through the served stack.
 
 Side by side in one run, greedy, the same target (default: the embedded ``smollm2-135m``), each setup a
 ``specdec serve`` stack in a process of its own (``--in-process``: all in this one):
@@ -52,7 +52,7 @@ from bench_serving import ServedStack  # noqa: E402
 from common import (add_common_args, add_strict_arg, cpu_info, json_path, print_table, report_checks,  # noqa: E402
                     smoke_environment, smoke_models, write_json)
 
-from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, default_speculative_config, draft_model_pair_config  # noqa: E402
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, draft_model_pair_config  # noqa: E402
 from specdec.v1 import common_pb2, generation_service_pb2 as pb, generation_service_pb2_grpc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,12 +168,12 @@ def generate(stub, prompt: str, max_tokens: int) -> dict:
 def start_stacks(es: contextlib.ExitStack, specs: dict, args, fmt, requests: int,
                  serve_options: dict[str, dict] | None = None) -> dict:
     """Each setup's ``specdec serve`` stack (in this process with ``--in-process``) on ``args.target``, entered on
-    ``es``, and a warmed-up gRPC stub per setup (a "default" spec: serve's default pair with ``args.draft``);
+    ``es``, and a warmed-up gRPC stub per setup (a "default" spec: the suffix/draft-model pair with ``args.draft``);
     ``serve_options``: a setup's further serve settings (by label)."""
     started = time.perf_counter()
     stacks, stubs = {}, {}
     for label, spec in specs.items():
-        if spec == "default":  # serve's default pair (what it runs with no model named), for this target
+        if spec == "default":  # the suffix/draft-model pair (draft_model_pair_config), for this target
             spec = specs[label] = {**draft_model_pair_config(), "model": args.draft}
         cfg = dict(model=args.target, host="127.0.0.1", grpc_port=0, port=-1, dtype=args.dtype,
                    draft_dtype=args.dtype, num_threads=args.threads,
@@ -296,7 +296,7 @@ def main() -> int:
     verdict = {}
     if not args.only_variants and "mixed" in workloads:
         hybrid, before = labels[2], labels[4]
-        verdict = {f"shipped default over the default before, {w}": by[(hybrid, w)]["tokens/s"] / by[(before, w)]["tokens/s"]
+        verdict = {f"suffix/draft-model pair over the n-gram hybrid before, {w}": by[(hybrid, w)]["tokens/s"] / by[(before, w)]["tokens/s"]
                    for w in ("agent", "mixed", "open prose") if w in workloads}
     for name, value in verdict.items():
         print(f"{name}: {value:.2f}x")

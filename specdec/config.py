@@ -180,9 +180,10 @@ DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 15
 # "eagle3", "enable_suffix_decoding": true): a suffix match that expects at least DEFAULT_PAIR_SUFFIX_MIN_SCORE
 # accepted tokens proposes (up to DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS), else the head grows a token tree of depth
 # DEFAULT_PAIR_HEAD_DEPTH from the target's own hidden states. Measured (benchmarks/bench_trees.py, served, greedy,
-# default dtypes, 2-core AMD EPYC avx512, one run): open chat 1.65x the target alone against 1.27x for the
-# suffix/draft-model pair it replaced (2.04 tokens per pass against 1.46), agent-like traffic 3.01x against 3.06x,
-# 8 streams 157 against 163 tokens/s, every output identical; mixed prompts (bench_eagle3.py) 1.80x against 1.49x.
+# default dtypes, 2-core AMD EPYC avx512, side by side, two runs): open chat 1.55-1.65x the target alone against
+# 1.20-1.27x for the suffix/draft-model pair it replaced (2.04 tokens per pass against 1.46), agent-like traffic 3.01x
+# against 3.06-3.07x, 8 streams (no drafting from 3) 0.81-0.96x its tokens/s, every output identical; mixed prompts
+# (bench_eagle3.py) 1.77-1.80x against 1.49x.
 DEFAULT_PAIR_HEAD_DEPTH = 3
 DEFAULT_PAIR_SUFFIX_MIN_SCORE = 1.5
 DEFAULT_PAIR_DRAFT_MODEL_K = 1
@@ -194,7 +195,8 @@ DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR = 4.0
 # speculation stays on for 1-2 streams and is off from 3.
 DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE = 3
 # The default pair drafts token trees (specdec.trees): its suffix rounds propose the suffix trees' branches, its
-# model rounds the draft's top 4 candidates. Measured (benchmarks/bench_trees.py, served, greedy, fp32, 2-core Xeon
+# head's rounds EAGLE-2's dynamic trees (top 4 children per node, 15 nodes). For the suffix/draft-model pair (its
+# model rounds: the draft's top 4 candidates), measured (benchmarks/bench_trees.py, served, greedy, fp32, 2-core Xeon
 # with AMX, one run): open chat 1.29x the target alone against 1.17x with chains (1.38 tokens per pass against
 # 1.25), agent-like traffic 3.44x against 3.36x, every output identical; 8 streams of suffix trees no slower
 # than chains (232 against 230 tokens/s; from 3 streams the pair does not speculate anyway).

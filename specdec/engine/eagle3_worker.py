@@ -43,7 +43,21 @@ class _HeadSequence:
     last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, prenorm) of position consumed - 1
     # features of positions [consumed, consumed + len(held)) taken on rounds another drafter proposed for (a hybrid's
     # suffix rounds), fed to the head only when it next drafts: one pass over them all instead of one per round
-    held: torch.Tensor | None = None
+    held: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def held_rows(self) -> int:
+        return sum(part.shape[0] for part in self.held)
+
+    def keep_held(self, rows: int) -> None:
+        """Keep the first ``rows`` held rows."""
+        kept, n = [], 0
+        for part in self.held:
+            if n >= rows:
+                break
+            kept.append(part[:rows - n])
+            n += kept[-1].shape[0]
+        self.held = kept
     last_used: float = field(default_factory=time.monotonic)
     state: DraftingState = field(default_factory=DraftingState)
 
@@ -114,13 +128,15 @@ class Eagle3Worker:
                     results.append(exc)
         return results
 
-    def _gather(self, seq: _HeadSequence, tokens: list[int], chunks: list[FeatureChunk]) -> torch.Tensor | None:
+    def _gather(self, seq: _HeadSequence, tokens: list[int], chunks: list[FeatureChunk]) -> list[torch.Tensor]:
         """The features of positions [seq.consumed, len(tokens) - 1) that the held rows and ``chunks`` hold without a
-        gap, from seq.consumed on (None: none)."""
+        gap, from seq.consumed on, as parts in order (the held ones first, not copied)."""
         want_end = len(tokens) - 1
         rows, start = [], seq.consumed
-        if seq.held is not None and len(seq.held):
-            rows.append(seq.held[:max(0, want_end - start)])
+        for part in seq.held:
+            if start >= want_end:
+                break
+            rows.append(part[:want_end - start])
             start += rows[-1].shape[0]
         for chunk in chunks:
             if start >= want_end:
@@ -134,16 +150,15 @@ class Eagle3Worker:
             take = data[start - chunk.start: min(chunk.end, want_end) - chunk.start]
             rows.append(take)
             start += take.shape[0]
-        if not rows or start == seq.consumed:
-            return None
-        return torch.cat([r.to(rows[-1].dtype) for r in rows]) if len(rows) > 1 else rows[0]
+        return [r for r in rows if r.shape[0]]
 
     def _feed(self, seq: _HeadSequence, tokens: list[int], chunks: list[FeatureChunk]) -> None:
         """Feed the positions [seq.consumed, len(tokens) - 1) whose features the held rows and ``chunks`` hold."""
-        feats = self._gather(seq, tokens, chunks)
-        seq.held = None
-        if feats is None:
+        parts = self._gather(seq, tokens, chunks)
+        seq.held = []
+        if not parts:
             return
+        feats = torch.cat([r.to(parts[-1].dtype) for r in parts]) if len(parts) > 1 else parts[0]
         start = seq.consumed + feats.shape[0]
         device = self.head.norm.device
         ids = torch.tensor(tokens[seq.consumed + 1: start + 1], dtype=torch.long, device=device)
@@ -170,9 +185,9 @@ class Eagle3Worker:
         keep = min(seq.consumed, max(same - 1, 0))
         if keep < seq.consumed:
             seq.cache.truncate(keep)
-            seq.consumed, seq.last, seq.held = keep, None, None
-        elif seq.held is not None:  # position p's feature stays while tokens up to p are unchanged
-            seq.held = seq.held[:max(0, same - seq.consumed)]
+            seq.consumed, seq.last, seq.held = keep, None, []
+        else:  # position p's feature stays while tokens up to p are unchanged
+            seq.keep_held(max(0, same - seq.consumed))
         if feed:
             self._feed(seq, tokens, call.features or [])
         else:
@@ -188,7 +203,7 @@ class Eagle3Worker:
             for call in calls:
                 try:
                     seq = self._sync(call, feed=False)
-                    out.append(seq.consumed + (0 if seq.held is None else seq.held.shape[0]))
+                    out.append(seq.consumed + seq.held_rows)
                 except SpecDecError as exc:
                     out.append(exc)
         return out

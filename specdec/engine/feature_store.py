@@ -10,7 +10,10 @@ call returns them (``specdec.engine.workers.taken_features``): a block that ente
 features with it, and a later sequence that adopts the block reads them back instead of recomputing. A block's
 rows are valid from its first position up to a count (a partly written block, a rollback); a block handed out
 again (``KVCacheManager.reserve``) forgets its rows. Rows are kept in bfloat16 (the wire's default feature
-dtype): about 3.5 kB per position for SmolLM2-135M's three layers, some 7% beside float32 keys and values.
+dtype) in host memory (they go to the wire from there anyway; a GPU's memory stays the KV pool's): about 3.5 kB per
+position for SmolLM2-135M's three layers. The store holds at most ``max_bytes`` (the KV cache manager gives it
+FEATURE_BUDGET_FRACTION of the pool's bytes); past that the blocks written longest ago are forgotten first, and a
+request that needs their features has those positions fed again.
 """
 
 from __future__ import annotations
@@ -18,21 +21,24 @@ from __future__ import annotations
 import torch
 
 STORE_DTYPE = torch.bfloat16
+FEATURE_BUDGET_FRACTION = 0.125  # of the KV pool's bytes, in host memory
 
 
 class BlockFeatures:
     """Per KV block: (the layers asked, [block_size, width] rows, how many leading rows are valid)."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, max_bytes: int | None = None):
         self.block_size = block_size
-        self._blocks: dict[int, tuple[tuple[int, ...], torch.Tensor, int]] = {}
+        self.max_bytes = max_bytes  # None: no bound
+        self._blocks: dict[int, tuple[tuple[int, ...], torch.Tensor, int]] = {}  # in the order first written
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
 
     @property
     def nbytes(self) -> int:
-        return sum(rows.numel() * rows.element_size() for _, rows, _ in self._blocks.values())
+        return self._bytes
 
     def write(self, blocks: list[int], start: int, layers: tuple[int, ...], rows: torch.Tensor) -> None:
         """The features of positions [start, start + len(rows)) of a sequence whose block table is ``blocks``.
@@ -49,11 +55,19 @@ class BlockFeatures:
                 have = None
             valid = have[2] if have is not None else 0
             if offset <= valid:  # contiguous with what the block holds
-                data = have[1] if have is not None else torch.empty(bs, rows.shape[1], dtype=STORE_DTYPE,
-                                                                    device=rows.device)
+                data = have[1] if have is not None else self._new(blocks[index], bs, rows.shape[1])
                 data[offset:offset + take] = rows[pos - start:pos - start + take]
                 self._blocks[blocks[index]] = (layers, data, max(valid, offset + take))
             pos += take
+
+    def _new(self, block: int, bs: int, width: int) -> torch.Tensor:
+        """A block's rows (its old ones, of other layers, dropped), within ``max_bytes``: the oldest go first."""
+        self.forget([block])
+        size = bs * width * torch.finfo(STORE_DTYPE).bits // 8
+        while self.max_bytes is not None and self._blocks and self._bytes + size > self.max_bytes:
+            self.forget([next(iter(self._blocks))])
+        self._bytes += size
+        return torch.empty(bs, width, dtype=STORE_DTYPE)
 
     def available(self, blocks: list[int], start: int, end: int, layers: tuple[int, ...]) -> int:
         """The first position in [start, end) without stored features (``end``: all are stored)."""
@@ -87,4 +101,6 @@ class BlockFeatures:
     def forget(self, blocks: list[int]) -> None:
         """Blocks handed out for new positions."""
         for b in blocks:
-            self._blocks.pop(b, None)
+            gone = self._blocks.pop(b, None)
+            if gone is not None:
+                self._bytes -= gone[1].numel() * gone[1].element_size()

@@ -72,6 +72,11 @@ class KVPool:
         self.values = list(self.value_data.unbind(0))
         self.preemptions = 0
 
+    @property
+    def nbytes(self) -> int:
+        """The pool's keys and values."""
+        return 2 * self.key_data.numel() * self.key_data.element_size()
+
     @staticmethod
     def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()

@@ -26,7 +26,7 @@ import torch
 
 from specdec.drafting_state import DraftingState
 from specdec.engine.block_pool import ROOT
-from specdec.engine.feature_store import BlockFeatures
+from specdec.engine.feature_store import FEATURE_BUDGET_FRACTION, BlockFeatures
 from specdec.engine.kv_cache import KVPool, KVStats
 from specdec.engine.scheduler import DECODING_WINDOW_S
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError
@@ -83,7 +83,8 @@ class KVCacheManager:
         self.sequences: dict[str, CachedSequence] = {}
         self._arrivals = 0
         self.lock = threading.RLock()  # the runner's: calls, the batcher's thread and releases take it
-        self.features = BlockFeatures(self.block_size)  # an EAGLE target's features beside the blocks
+        self.features = BlockFeatures(self.block_size, int(FEATURE_BUDGET_FRACTION * pool.nbytes))  # an EAGLE
+        # target's features beside the blocks (host memory, a bounded share of the pool's size)
 
     # -- sequences ---------------------------------------------------------------------------------
     def open(self, sequence_id: str, seed: int | None, priority: int = 0) -> tuple[CachedSequence, float | None]:

@@ -450,8 +450,8 @@ def taken_features(seq: CachedSequence, start: int, end: int, store=None,
     if not parts:
         return None
     first = parts[0][0]
-    dtype = parts[-1][1].dtype
-    rows = torch.cat([t.to(dtype) for _, t in parts]) if len(parts) > 1 else parts[0][1].to(dtype)
+    like = parts[-1][1]  # the pass's (the store's rows are bfloat16 in host memory)
+    rows = torch.cat([t.to(like.device, like.dtype) for _, t in parts]) if len(parts) > 1 else like
     if store is not None:
         store.write(seq.blocks, first, layers, rows[:end - first])
     begin = max(start, first)

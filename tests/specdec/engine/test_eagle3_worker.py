@@ -151,11 +151,11 @@ def test_absorbed_features_wait_for_the_next_draft_and_follow_a_changed_history(
     (held,) = worker.absorb([ProposeCall("s", ids[:12], 3, GREEDY, features=[_chunk(feats, 7, 11)])])
     (held2,) = worker.absorb([ProposeCall("s", ids[:16], 3, GREEDY, features=[_chunk(feats, 11, 15)])])
     seq = worker.runner.sequences["s"]
-    assert (held, held2) == (11, 15) and seq.consumed == 7 and seq.held.shape[0] == 8  # held, not fed
+    assert (held, held2) == (11, 15) and seq.consumed == 7 and seq.held_rows == 8  # held, not fed
     late = _propose(worker, ids[:20], [_chunk(feats, 15, 19)])
-    assert seq.consumed == 19 and seq.held is None and late.features_from == 19
+    assert seq.consumed == 19 and seq.held == [] and late.features_from == 19
     assert late.draft_token_ids == _propose(worker, ids[:20], [_chunk(feats, 0, 19)], sid="t").draft_token_ids
-    # held features past a changed token are dropped: positions up to 10 stay (position p read token p + 1)
+    # held features from a changed token on are dropped: positions 7-11 stay (position p's feature read tokens up to p)
     _propose(worker, ids[:8], [_chunk(feats, 0, 7)], sid="u")
     worker.absorb([ProposeCall("u", ids[:16], 3, GREEDY, features=[_chunk(feats, 7, 15)])])
     other = ids[:12] + [(t + 1) % 300 for t in ids[12:20]]

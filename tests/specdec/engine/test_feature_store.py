@@ -46,3 +46,25 @@ def test_a_block_handed_out_again_forgets_its_rows():
     store.write([5], 0, (1,), rows(0, 4))  # a block rewritten with other layers holds those only
     store.write([5], 0, LAYERS, rows(0, 2))
     assert store.available([5], 0, 4, LAYERS) == 2 and store.available([5], 0, 4, (1,)) == 0
+
+
+def test_the_store_stays_within_its_bytes_forgetting_the_oldest_blocks():
+    """Host memory beside the KV pool is bounded (KVCacheManager gives FEATURE_BUDGET_FRACTION of the pool): past
+    the bound, the blocks written longest ago are forgotten (their positions are fed again when asked)."""
+    block = 4 * 6 * 2  # 4 rows x width 6 in bfloat16
+    store = BlockFeatures(block_size=4, max_bytes=2 * block)
+    for b in range(3):
+        store.write([b], 0, LAYERS, rows(0, 4))
+    assert store.nbytes == 2 * block and len(store) == 2
+    assert store.available([0], 0, 4, LAYERS) == 0  # the oldest went
+    assert store.available([1], 0, 4, LAYERS) == 4 and store.available([2], 0, 4, LAYERS) == 4
+    store.forget([1, 2])
+    assert store.nbytes == 0
+
+
+def test_a_target_pools_features_within_a_share_of_its_kv_pool(target_lm):
+    from specdec.engine.feature_store import FEATURE_BUDGET_FRACTION
+    from specdec.engine.runner import ModelRunner
+
+    runner = ModelRunner(target_lm, 256, role="target")
+    assert runner.cache.features.max_bytes == int(FEATURE_BUDGET_FRACTION * runner.kv.nbytes) > 0
