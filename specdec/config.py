@@ -182,7 +182,7 @@ DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 15
 # DEFAULT_PAIR_HEAD_DEPTH from the target's own hidden states. Measured (benchmarks/bench_trees.py, served, greedy,
 # default dtypes, 2-core AMD EPYC avx512, side by side, two runs): open chat 1.55-1.65x the target alone against
 # 1.20-1.27x for the suffix/draft-model pair it replaced (2.04 tokens per pass against 1.46), agent-like traffic 3.01x
-# against 3.06-3.07x, 8 streams (no drafting from 3) 0.81-0.96x its tokens/s, every output identical; mixed prompts
+# against 3.06-3.07x, 8 streams (no drafting from 3) 0.81-1.01x its tokens/s, every output identical; mixed prompts
 # (bench_eagle3.py) 1.77-1.80x against 1.49x.
 DEFAULT_PAIR_HEAD_DEPTH = 3
 DEFAULT_PAIR_SUFFIX_MIN_SCORE = 1.5
