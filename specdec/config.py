@@ -491,17 +491,11 @@ def default_speculative_config() -> dict | None:
     serves. Without a shipped head: the draft-model pair (``draft_model_pair_config``); without either, None."""
     if default_head_path() is None:
         return draft_model_pair_config()
-    pair = {"model": DEFAULT_EAGLE3_HEAD, "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE,
-            "speculative_token_tree": DEFAULT_PAIR_TOKEN_TREE}
-    ok, why = suffix_available()
-    if not ok:
-        _warn_once(f"the embedded default pair drafts with its EAGLE-3 head alone (no suffix decoding): {why}")
-        return {"method": "eagle3", "num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH, **pair}
-    return {"method": "eagle3", "enable_suffix_decoding": True,
-            "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
-            "draft_model_num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH,
-            "suffix_decoding_max_spec_factor": DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR,
-            "suffix_decoding_min_score": DEFAULT_PAIR_SUFFIX_MIN_SCORE, **pair}
+    return _shipped_pair("the embedded default pair", "its EAGLE-3 head", DEFAULT_EAGLE3_HEAD,
+                         alone={"method": "eagle3", "num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH},
+                         hybrid={"method": "eagle3", "enable_suffix_decoding": True,
+                                 "draft_model_num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH,
+                                 "suffix_decoding_min_score": DEFAULT_PAIR_SUFFIX_MIN_SCORE})
 
 
 def draft_model_pair_config() -> dict | None:
@@ -510,15 +504,23 @@ def draft_model_pair_config() -> dict | None:
     depth DEFAULT_PAIR_FALLBACK_K. None while no draft is shipped."""
     if default_draft_path() is None:
         return None
-    pair = {"model": DEFAULT_DRAFT, "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE,
-            "speculative_token_tree": DEFAULT_PAIR_TOKEN_TREE}
+    return _shipped_pair("the suffix/draft-model pair", "its draft model", DEFAULT_DRAFT,
+                         alone={"method": "draft_model", "num_speculative_tokens": DEFAULT_PAIR_FALLBACK_K},
+                         hybrid={"method": "suffix", "draft_model_num_speculative_tokens": DEFAULT_PAIR_DRAFT_MODEL_K})
+
+
+def _shipped_pair(name: str, drafter: str, model: str, alone: dict, hybrid: dict) -> dict:
+    """A shipped pair's config: ``hybrid`` behind suffix decoding (up to DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS, factor
+    DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR) where ArcticInference is installed, else ``alone`` (said once); both with
+    the pairs' load limit and token trees."""
+    common = {"model": model, "disable_by_batch_size": DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE,
+              "speculative_token_tree": DEFAULT_PAIR_TOKEN_TREE}
     ok, why = suffix_available()
     if not ok:
-        _warn_once(f"the suffix/draft-model pair drafts with its draft model alone (no suffix decoding): {why}")
-        return {"method": "draft_model", "num_speculative_tokens": DEFAULT_PAIR_FALLBACK_K, **pair}
-    return {"method": "suffix", "num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
-            "draft_model_num_speculative_tokens": DEFAULT_PAIR_DRAFT_MODEL_K,
-            "suffix_decoding_max_spec_factor": DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR, **pair}
+        _warn_once(f"{name} drafts with {drafter} alone (no suffix decoding): {why}")
+        return {**alone, **common}
+    return {"num_speculative_tokens": DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS,
+            "suffix_decoding_max_spec_factor": DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR, **hybrid, **common}
 
 
 _warned: set[str] = set()
