@@ -16,6 +16,8 @@ drafting one ``specdec serve`` stack in a process of its own:
     such row), with the default pair's suffix settings (up to 15 drafts, factor 4, trees, disable_by_batch_size), a
     row for each ``--hybrid-min-scores`` (``suffix_decoding_min_score``: a weaker suffix match leaves the round to the
     head).
+  * with ``--compare-head HEAD2``: the default pair and the head's trees (the first ``--tree-ks`` depth) again with
+    the other head, so that two heads (a retrained one against the shipped one) are measured side by side.
 
 Prompts: ``specdec/assets/prompts/chat.json`` (16 open-ended chat requests, 8 input-grounded; none is among the
 prompts the head was trained on), through the target's chat template, answers to EOS or ``--max-tokens``.
@@ -112,6 +114,8 @@ def main() -> int:
     ap.add_argument("--head-quantization", action=argparse.BooleanOptionalAction, default=True,
                     help="a row of the head's trees unquantized (\"quantization\": \"none\") beside the default "
                          "int8 head (the first --tree-ks depth)")
+    ap.add_argument("--compare-head", default=None, metavar="HEAD2",
+                    help="rows of the default pair and of the head's trees with this head too, beside --head's")
     ap.add_argument("--sampled-k", type=int, default=3)
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.7, 1.0])
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -157,6 +161,14 @@ def main() -> int:
     if args.hybrid_k:
         setups += [Setup(f"suffix + eagle3 trees, depth {args.hybrid_k}" + (f", min score {score:g}" if score else ""),
                          f"eagle3 hybrid {score:g}", None, "eagle3") for score in args.hybrid_min_scores]
+    if args.compare_head:
+        other = Path(args.compare_head).name
+        specs["default 2"] = {**specs["default"], "model": args.compare_head}
+        setups.append(Setup(f"default pair, head {other}", "default 2", None, "default"))
+        if args.tree_ks:
+            specs["eagle3 trees 2"] = {**specs["eagle3 trees"], "model": args.compare_head}
+            setups.append(Setup(f"eagle3 trees, depth {args.tree_ks[0]}, head {other}", "eagle3 trees 2",
+                                args.tree_ks[0], "eagle3"))
     sets_prompts = load_prompts(Path(args.prompts), args.prompts_per_set)
     fmt = chat_formatter(args.target, True)
     messages = sets_prompts["open-ended"] + sets_prompts["input-grounded"]

@@ -4,7 +4,9 @@ An EAGLE head learns the target's answers, so what it generalises to is what its
 head was trained on 12 templates x 40 topics and memorised them (70% of its drafts accepted there, 14-20% on new
 prompts). This module crosses 19 kinds of request (stories, poems, explanations, advice, descriptions, code,
 comparisons, retellings, how-tos, emails, ...) with subject lists of their own, several thousand prompts in all,
-and takes them round-robin over the kinds so that any count is balanced.
+and takes them round-robin over the kinds so that any count is balanced. Once a kind's own prompts run out it
+goes on with them asked in other ways (``STYLES``: shorter, in detail, for a child, ...), so that a few thousand
+prompts are not mostly stories, the largest kind.
 
 Held out: every prompt of the benchmarks (``specdec/assets/prompts``) and every prompt that names one of their
 subjects (``BENCHMARK_SUBJECTS``: no robot, no ocean, no palindrome, ...), so that benchmarking on them measures
@@ -139,6 +141,11 @@ _EMAIL = [("a colleague", "moving a meeting to Friday"), ("a neighbour", "a nois
           ("a new coworker", "welcoming them to the team"), ("a plumber", "a leaking sink"),
           ("a library", "a lost book"), ("a coach", "missing practice next week")]
 
+# Ways to ask a kind's prompts again once its own run out: each gives the target's answer another shape.
+STYLES = (" Keep it short.", " Make it detailed.", " Write it for a young child.", " Use simple words.",
+          " Make it funny.", " Use a few bullet points where they help.", " Start with a one-sentence summary.",
+          " Answer in a friendly tone.")
+
 _KINDS: list[tuple[list[str], list[str]]] = [
     (["Write a short story about {} who {}.", "Tell me a bedtime story about {} who {}.",
       "Write the opening of a novel about {} who {}.", "Write a fable about {} who {}, with a moral at the end."],
@@ -201,8 +208,9 @@ def names_a_benchmark_subject(prompt: str) -> bool:
 
 
 def chat_prompts(n: int, seed: int) -> list[str]:
-    """``n`` distinct chat prompts, taken round-robin over the kinds (each kind's prompts shuffled by ``seed``);
-    none is a benchmark prompt or names a benchmark subject."""
+    """``n`` distinct chat prompts, taken round-robin over the kinds (each kind's prompts shuffled by ``seed``,
+    then the same asked in the ``STYLES``, shuffled); none is a benchmark prompt or names a benchmark subject.
+    ``chat_prompts(n)`` begins with ``chat_prompts(m)`` for m < n."""
     held = _benchmark_prompts()
     rng = random.Random(seed)
     pools = []
@@ -211,6 +219,11 @@ def chat_prompts(n: int, seed: int) -> list[str]:
         pool = [p for p in dict.fromkeys(pool) if p not in held and not names_a_benchmark_subject(p)]
         rng.shuffle(pool)
         pools.append(pool)
+    styled = random.Random(f"{seed}-styles")
+    for pool in pools:
+        more = [p + style for p in pool for style in STYLES]
+        styled.shuffle(more)
+        pool.extend(p for p in more if p not in held)
     out: list[str] = []
     depth = 0
     while len(out) < n and any(depth < len(p) for p in pools):

@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_eagle3_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--chat-prompts", type=int, default=384,
-                   help="chat prompts the target answers for the head's training data (self-distillation; default 384)")
+                   help="chat prompts the target answers for the head's training data (self-distillation; default "
+                   "384; the answers are cached by prompt: more prompts later answer only the new ones)")
     g.add_argument("--response-tokens", type=int, default=160,
                    help="tokens of each answer (greedy, the target's own; default 160)")
     g.add_argument("--corpus-tokens", type=int, default=65_536,
@@ -54,7 +55,8 @@ def _add_architecture_arguments(g: argparse._ArgumentGroup) -> None:
                    "smaller; default); embed: embeddings only; random: nothing")
     g.add_argument("--init-from", default=None, metavar="DIR",
                    help="start from an existing draft (a Hugging Face folder with this architecture), e.g. to "
-                        "fine-tune a shipped draft on new data")
+                        "fine-tune a shipped draft on new data; --method eagle3: a head (an earlier run's OUT or the "
+                        "published layout), trained further with a new schedule")
     g.add_argument("--init-layers", default=None,
                    help="comma-separated target layers to copy (default: evenly spread, first and last included)")
     g.add_argument("--projection", choices=["hidden", "embedding"], default="hidden",

@@ -1,6 +1,7 @@
 """``specdec distill --method eagle3``: train an EAGLE-3 head for a target on this machine.
 
-1. **Data** (once; cached in ``OUT/cache/eagle3_data.pt``, so a second run only trains). Self-distillation as
+1. **Data** (once; cached in ``OUT/cache/eagle3_data.pt`` by prompt, so a second run only trains, and a run with
+   more prompts answers only the new ones). Self-distillation as
    EAGLE-3 regenerates its data: the target answers ``--chat-prompts`` chat prompts greedily
    (``specdec.distill.chat_prompts``: 19 kinds of request over subjects of their own; the benchmarks' prompts
    and subjects are left out), ``--response-tokens`` each, through its chat template; beside
@@ -27,6 +28,7 @@ import logging
 import math
 import random
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from specdec.distill.chat_prompts import chat_prompts
 from specdec.distill.config import CACHE_DIR, CHECKPOINT_DIR, DistillConfig
 from specdec.engine.eagle3 import Eagle3Config, Eagle3Head
 from specdec.engine.eagle3_files import save_head
+from specdec.errors import ConfigError
 from specdec.features import default_feature_layers
 
 logger = logging.getLogger("specdec.distill")
@@ -84,42 +87,84 @@ def _corpus(lm: Any, cfg: DistillConfig, seq_len: int = 256) -> list[list[int]]:
     return [row.tolist() for row in data["train"]]
 
 
+LABEL_BATCH_TOKENS = 4096  # tokens per labelling forward (sequences of similar length, right-padded)
+
+
 @torch.no_grad()
 def _label(lm: Any, seqs: list[list[int]], layers: tuple[int, ...], top_k: int) -> list[dict[str, torch.Tensor]]:
-    """Per sequence: ids, the target's features [n, 3 x hidden] (bf16), top-k next-token ids and log-probs."""
-    out = []
-    for ids in seqs:
-        res = lm.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-        feats = torch.cat([res.hidden_states[i][0] for i in layers], dim=-1).to(torch.bfloat16)
-        lp = res.logits[0].float().log_softmax(-1)
+    """Per sequence: ids, the target's features [n, 3 x hidden] (bf16), top-k next-token ids and log-probs.
+
+    Sequences of similar length share a forward, right-padded: causal attention keeps every real position's
+    outputs those of the sequence alone (up to the rounding of a wider matmul)."""
+    out: list[dict[str, torch.Tensor] | None] = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    start = 0
+    while start < len(order):
+        width = len(seqs[order[start]])
+        end = start + 1
+        while end < len(order) and len(seqs[order[end]]) * (end - start + 1) <= LABEL_BATCH_TOKENS:
+            end += 1
+        group = order[start:end]
+        width = len(seqs[group[-1]])
+        inp = torch.tensor([seqs[i] + [0] * (width - len(seqs[i])) for i in group])
+        mask = torch.tensor([[1] * len(seqs[i]) + [0] * (width - len(seqs[i])) for i in group])
+        res = lm.model(input_ids=inp, attention_mask=mask, output_hidden_states=True)
+        feats = torch.cat([res.hidden_states[j] for j in layers], dim=-1).to(torch.bfloat16)
+        lp = res.logits.float().log_softmax(-1)
         top_lp, top_ids = lp.topk(top_k, dim=-1)
-        out.append({"ids": torch.tensor(ids, dtype=torch.int32), "feats": feats,
-                    "top_ids": top_ids.to(torch.int32), "top_lp": top_lp.to(torch.float16)})
-    return out
+        for row, i in enumerate(group):
+            n = len(seqs[i])
+            out[i] = {"ids": torch.tensor(seqs[i], dtype=torch.int32), "feats": feats[row, :n].clone(),
+                      "top_ids": top_ids[row, :n].to(torch.int32), "top_lp": top_lp[row, :n].to(torch.float16)}
+        start = end
+    return [o for o in out if o is not None]
 
 
-def prepare_data(cfg: DistillConfig, lm: Any, layers: tuple[int, ...], out: Path) -> list[dict[str, torch.Tensor]]:
-    key = {"target": cfg.target, "layers": list(layers), "chat_prompts": cfg.chat_prompts,
-           "response_tokens": cfg.response_tokens, "corpus_tokens": cfg.corpus_tokens, "corpus": cfg.corpus,
-           "top_k": cfg.top_k, "seed": cfg.seed}
+def prepare_data(cfg: DistillConfig, lm: Any, layers: tuple[int, ...], out: Path
+                 ) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
+    """The labelled sequences, (train, held out): the answers to ``--chat-prompts`` prompts, then the corpus.
+
+    Cached in OUT/cache: the answers by prompt, and the corpus. A run asking other or more prompts (the rest of
+    the data options equal) answers and labels only the prompts the cache lacks."""
+    key = {"target": cfg.target, "layers": list(layers), "response_tokens": cfg.response_tokens,
+           "corpus_tokens": cfg.corpus_tokens, "corpus": cfg.corpus, "top_k": cfg.top_k, "seed": cfg.seed}
     path = out / CACHE_DIR / "eagle3_data.pt"
+    answers: dict[str, dict[str, torch.Tensor]] = {}
+    corpus: list[dict[str, torch.Tensor]] | None = None
     if path.exists():
         cached = torch.load(path, weights_only=True)
-        if cached.get("key") == json.loads(json.dumps(key)):
-            logger.info("eagle3 data: %d sequences from %s", len(cached["seqs"]), path)
-            return cached["seqs"]
-    began = time.perf_counter()
-    seqs = (_answers(lm, chat_prompts(cfg.chat_prompts, cfg.seed), cfg.response_tokens, cfg.generate_batch)
-            if cfg.chat_prompts else [])
-    seqs += _corpus(lm, cfg)
-    labelled = _label(lm, [s for s in seqs if len(s) >= 3], layers, cfg.top_k)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"key": key, "seqs": labelled}, tmp)
-    tmp.replace(path)
-    logger.info("eagle3 data: %d sequences, %d tokens, in %.0f s", len(labelled),
-                sum(len(s["ids"]) for s in labelled), time.perf_counter() - began)
-    return labelled
+        if cached.get("key") == json.loads(json.dumps(key)) and "answers" in cached:
+            answers, corpus = cached["answers"], cached["corpus"]
+    prompts = chat_prompts(cfg.chat_prompts, cfg.seed) if cfg.chat_prompts else []
+    missing = [p for p in prompts if p not in answers]
+    if missing or corpus is None:
+        began = time.perf_counter()
+        if answers:
+            logger.info("eagle3 data: %d of %d answers in %s; answering %d prompts", len(prompts) - len(missing),
+                        len(prompts), path, len(missing))
+        seqs = _answers(lm, missing, cfg.response_tokens, cfg.generate_batch) if missing else []
+        answers.update(zip(missing, _label(lm, seqs, layers, cfg.top_k)))
+        if corpus is None:
+            corpus = _label(lm, [s for s in _corpus(lm, cfg) if len(s) >= 3], layers, cfg.top_k)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"key": key, "answers": answers, "corpus": corpus}, tmp)
+        tmp.replace(path)
+        logger.info("eagle3 data: %d answers and %d corpus sequences labelled in %.0f s", len(seqs), len(corpus),
+                    time.perf_counter() - began)
+    else:
+        logger.info("eagle3 data: %d answers and %d corpus sequences from %s", len(prompts), len(corpus), path)
+    train = [answers[p] for p in prompts if not held_out(p)] + [s for i, s in enumerate(corpus) if not held_out(i)]
+    heldout = [answers[p] for p in prompts if held_out(p)] + [s for i, s in enumerate(corpus) if held_out(i)]
+    return train, heldout or (train[:1])
+
+
+def held_out(item: str | int) -> bool:
+    """One chat prompt in HELDOUT_EVERY (by its text's hash: the same whatever else is asked) and every
+    HELDOUT_EVERY-th corpus sequence is held out."""
+    if isinstance(item, str):
+        return zlib.crc32(item.encode()) % HELDOUT_EVERY == 0
+    return item % HELDOUT_EVERY == HELDOUT_EVERY - 1
 
 
 # -- the head ------------------------------------------------------------------------------------------
@@ -208,6 +253,31 @@ def tokens_per_pass(accuracy: list[float], k: int) -> float:
     return total
 
 
+def _start_from(cfg: DistillConfig, lm: Any, layers: tuple[int, ...]) -> tuple[torch.Tensor, dict] | None:
+    """``--init-from``: a head folder (the published layout) or a run's OUT folder (its checkpoint, in full
+    precision): its draft vocabulary and weights, to train further on new data with a new schedule."""
+    if not cfg.init_from:
+        return None
+    folder = Path(cfg.init_from).expanduser()
+    ckpt = folder / CHECKPOINT_DIR / "eagle3.pt"
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        logger.info("eagle3: starting from %s (step %d)", ckpt, state["step"])
+        return state["draft_ids"], state["head"]
+    from specdec.engine.eagle3_files import load_head
+
+    text = lm.model.config.get_text_config()
+    emb = lm.model.get_input_embeddings().weight.detach().float()
+    head, theirs = load_head(folder, target_hidden_size=text.hidden_size, target_vocab_size=emb.shape[0],
+                             target_num_layers=text.num_hidden_layers, target_embedding=emb)
+    if tuple(theirs) != tuple(layers):
+        raise ConfigError(f"--init-from {folder} reads target layers {list(theirs)}, but this run's features are of "
+                          f"layers {list(layers)}: give --feature-layers {','.join(map(str, theirs))}")
+    draft_ids = (head.d2t.long() + torch.arange(len(head.d2t))).cpu()
+    logger.info("eagle3: starting from the head in %s", folder)
+    return draft_ids, {k: v.float() if v.is_floating_point() else v for k, v in head.state_dict().items()}
+
+
 # -- the run -------------------------------------------------------------------------------------------
 def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     """Run (or resume) the head's training; returns the summary also written to OUT/distill.json."""
@@ -223,14 +293,24 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     text = lm.model.config.get_text_config()
     layers = (tuple(int(x) for x in cfg.feature_layers.split(",")) if cfg.feature_layers
               else default_feature_layers(text.num_hidden_layers))
-    seqs = prepare_data(cfg, lm, layers, out)
-    train = [s for i, s in enumerate(seqs) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
-    heldout = [s for i, s in enumerate(seqs) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1] or seqs[:1]
+    train, heldout = prepare_data(cfg, lm, layers, out)
     ckpt = out / CHECKPOINT_DIR / "eagle3.pt"
     state = torch.load(ckpt, weights_only=False) if ckpt.exists() and cfg.resume is not False else None
+    if state and state.get("train_sequences", len(train)) != len(train):
+        raise ConfigError(f"{ckpt} was trained on {state['train_sequences']} sequences, but this command's data has "
+                          f"{len(train)}: give the same data options, or --no-resume (with --init-from {out} to "
+                          "start from the head trained so far)")
     vocab = lm.model.get_input_embeddings().weight.shape[0]
-    draft_ids = state["draft_ids"] if state else draft_vocabulary(train, vocab, cfg.draft_vocab or DEFAULT_DRAFT_VOCAB)
+    start = None if state else _start_from(cfg, lm, layers)
+    if state:
+        draft_ids = state["draft_ids"]
+    elif start is not None:
+        draft_ids = start[0]
+    else:
+        draft_ids = draft_vocabulary(train, vocab, cfg.draft_vocab or DEFAULT_DRAFT_VOCAB)
     head = new_head(lm, draft_ids, layers, cfg.seed)
+    if start is not None:
+        head.load_state_dict(start[1])
     to_draft = torch.full((vocab,), -1, dtype=torch.long)
     to_draft[draft_ids] = torch.arange(len(draft_ids))
     params = [p for p in head.parameters() if p.requires_grad]
@@ -256,7 +336,7 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "order": order,
                     "cursor": cursor, "seconds": time.perf_counter() - began, "draft_ids": draft_ids,
-                    "log": log}, tmp)
+                    "log": log, "train_sequences": len(train)}, tmp)
         tmp.replace(ckpt)
 
     head.train()
@@ -292,7 +372,7 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     save_head(export, out, layers, with_embedding=False)
     lm.tokenizer.save_pretrained(out)
     summary = {"out": str(out), "target": cfg.target, "feature_layers": list(layers), "steps": step,
-               "resumed_at_step": state["step"] if state else 0,
+               "resumed_at_step": state["step"] if state else 0, "init_from": cfg.init_from,
                "train_minutes": round((time.perf_counter() - began) / 60, 2), "draft_vocab": len(draft_ids),
                "sequences": len(train), "heldout_sequences": len(heldout),
                "train_tokens": sum(len(s["ids"]) for s in train), "ttt_steps": cfg.ttt_steps,

@@ -78,6 +78,64 @@ def test_a_killed_run_resumes_without_labelling_again(setup):
     assert data.stat().st_mtime_ns == written
 
 
+def test_labels_of_a_shared_forward_are_each_sequences_own(setup):
+    """Sequences of several lengths labelled together, right-padded, get the features and top-k of a forward of
+    each alone."""
+    from specdec.distill.eagle3 import _label
+    from specdec.engine.models import load_model
+
+    _, _, target_dir = setup
+    lm = load_model(str(target_dir), dtype="float32")
+    seqs = [[5 + (7 * i + j) % 300 for j in range(n)] for i, n in enumerate((3, 17, 40, 9, 40, 25))]
+    together = _label(lm, seqs, (1, 2, 3), 8)
+    alone = [_label(lm, [s], (1, 2, 3), 8)[0] for s in seqs]
+    assert [len(t["ids"]) for t in together] == [len(s) for s in seqs]
+    for t, a in zip(together, alone):
+        assert torch.equal(t["ids"], a["ids"]) and torch.equal(t["top_ids"][:, 0], a["top_ids"][:, 0])
+        assert torch.allclose(t["feats"].float(), a["feats"].float(), atol=2e-2, rtol=2e-2)
+        assert torch.allclose(t["top_lp"].float(), a["top_lp"].float(), atol=1e-2)
+
+
+@pytest.mark.heavy
+def test_more_chat_prompts_extend_the_cache_and_init_from_trains_the_head_further(setup, capfd):
+    """A second run asking more prompts answers only the new ones (the cached answers are kept, held out by their
+    text whatever else is asked), and ``--init-from`` starts from the first run's head, not from scratch."""
+    from specdec.distill.eagle3 import held_out
+    from specdec.entrypoints.cli import main
+
+    root, corpus, target_dir = setup
+    first, second = root / "eagle3-c", root / "eagle3-d"
+    assert main(_argv(target_dir, corpus, first, 30)) == 0
+    cached = torch.load(first / "cache" / "eagle3_data.pt", weights_only=True)
+    assert len(cached["answers"]) == 8 and cached["corpus"]
+    (second / "cache").mkdir(parents=True)
+    (second / "cache" / "eagle3_data.pt").write_bytes((first / "cache" / "eagle3_data.pt").read_bytes())
+    argv = _argv(target_dir, corpus, second, 1)
+    argv[argv.index("--chat-prompts") + 1] = "12"
+    capfd.readouterr()
+    assert main(argv + ["--init-from", str(first)]) == 0
+    log = capfd.readouterr().err
+    assert "8 of 12 answers" in log and "4/4 answers" in log and "starting from" in log, log
+    grown = torch.load(second / "cache" / "eagle3_data.pt", weights_only=True)
+    assert list(grown["answers"])[:8] == list(cached["answers"]) == chat_prompts(8, 0)
+    assert list(grown["answers"]) == chat_prompts(12, 0)
+    for p, seq in cached["answers"].items():
+        assert torch.equal(seq["ids"], grown["answers"][p]["ids"]) and torch.equal(seq["feats"],
+                                                                                   grown["answers"][p]["feats"])
+    assert all(torch.equal(a["ids"], b["ids"]) for a, b in zip(cached["corpus"], grown["corpus"]))
+    assert held_out("Describe a harbor at sunrise.") == held_out("Describe a harbor at sunrise.")
+    assert sum(held_out(p) for p in chat_prompts(2000, 0)) in range(60, 140)  # one in 20
+    # one step from the first head: held-out accuracy near the first run's, far above a fresh head's one step
+    a = json.loads((first / "distill.json").read_text())["heldout_step_accuracy"][0]
+    b = json.loads((second / "distill.json").read_text())
+    assert b["init_from"] == str(first) and b["heldout_step_accuracy"][0] > 0.8 * a, (a, b)
+    # resuming the second run's checkpoint with other data is refused with what to do
+    argv[argv.index("--chat-prompts") + 1] = "16"
+    capfd.readouterr()
+    assert main(argv) != 0
+    assert "--no-resume" in capfd.readouterr().err
+
+
 def test_chat_prompts_leave_the_benchmarks_out():
     import json as _json
     from importlib import resources
