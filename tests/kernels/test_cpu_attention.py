@@ -61,9 +61,10 @@ def test_a_query_gives_the_same_bits_in_any_pass(dtype, window):
     q, k_pool, v_pool, tables, ctx, qsl, bs, scale = args
     s = 4  # 40 new tokens across a chunk boundary
     start, n = int(qsl[s]), SEQS[s][0]
-    own = paged_attention_cpu(q[start: start + n], k_pool, v_pool, tables[s: s + 1], ctx[s: s + 1],
-                              torch.tensor([0, n], dtype=torch.int32), bs, scale, window=window)
-    assert torch.equal(own, alone[start: start + n])
+    for threads in (1, 2, 4):  # few items (2 kv heads x its chunks): its queries are split among the threads
+        own = paged_attention_cpu(q[start: start + n], k_pool, v_pool, tables[s: s + 1], ctx[s: s + 1],
+                                  torch.tensor([0, n], dtype=torch.int32), bs, scale, window=window, threads=threads)
+        assert torch.equal(own, alone[start: start + n]), f"{threads} threads"
     order = [5, 4, 0, 2]
     rows = torch.cat([torch.arange(int(qsl[i]), int(qsl[i + 1])) for i in order])
     starts = torch.tensor([0] + [SEQS[i][0] for i in order]).cumsum(0).to(torch.int32)

@@ -34,12 +34,12 @@ def _case(history: int, parents: list[int], heads=4, kv_heads=2, dim=64, dtype=t
     return q, k, v, table
 
 
-def _tree_call(fn, q, k, v, table, history, parents, window=None):
+def _tree_call(fn, q, k, v, table, history, parents, window=None, **extra):
     t = len(parents)
     tree = TreePaths.of([table], [history - 1], [1 + t], [parents], BS)
     args = (q, k, v, torch.tensor([table], dtype=torch.int32), torch.tensor([history + t], dtype=torch.int32),
             torch.tensor([0, 1 + t], dtype=torch.int32), BS, 0.125)
-    return fn(*args, window=window, tree=tree)
+    return fn(*args, window=window, tree=tree, **extra)
 
 
 def _as_chains(fn, q, k, v, table, history, parents, window=None):
@@ -117,8 +117,10 @@ ok, why = cpu_attention.available()
 @pytest.mark.parametrize("history, window", [(9, None), (CHUNK - 3, None), (CHUNK + 40, None), (60, 5)])
 def test_cpu_kernel_gives_each_node_the_chains_bits(dtype, history, window):
     q, k, v, table = _case(history, TREE, dtype=dtype)
-    got = _tree_call(paged_attention_cpu, q, k, v, table, history, TREE, window)
-    assert torch.equal(got, _as_chains(paged_attention_cpu, q, k, v, table, history, TREE, window))
+    chains = _as_chains(paged_attention_cpu, q, k, v, table, history, TREE, window)
+    for threads in (1, 2, 4):  # (one sequence: its nodes are split among the threads where the work is enough)
+        got = _tree_call(paged_attention_cpu, q, k, v, table, history, TREE, window, threads=threads)
+        assert torch.equal(got, chains), f"{threads} threads"
     want = _tree_call(paged_attention_reference, q, k, v, table, history, TREE, window)
     tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got.float(), want.float(), **tol)
