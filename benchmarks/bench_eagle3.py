@@ -164,11 +164,11 @@ def main() -> int:
     if args.compare_head:
         other = Path(args.compare_head).name
         specs["default 2"] = {**specs["default"], "model": args.compare_head}
-        setups.append(Setup(f"default pair, head {other}", "default 2", None, "default"))
+        setups.append(Setup(f"default pair, head {other}", "default 2", None, "default, other head"))
         if args.tree_ks:
             specs["eagle3 trees 2"] = {**specs["eagle3 trees"], "model": args.compare_head}
             setups.append(Setup(f"eagle3 trees, depth {args.tree_ks[0]}, head {other}", "eagle3 trees 2",
-                                args.tree_ks[0], "eagle3"))
+                                args.tree_ks[0], "eagle3, other head"))  # (not a row of --head's goals)
     sets_prompts = load_prompts(Path(args.prompts), args.prompts_per_set)
     fmt = chat_formatter(args.target, True)
     messages = sets_prompts["open-ended"] + sets_prompts["input-grounded"]

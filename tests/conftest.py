@@ -452,5 +452,5 @@ def eagle3_head_dir(target_dir, tmp_path_factory) -> Path:
 def eagle3_prompts(eagle3_head_dir) -> list[list[int]]:
     """Prompts from the head's training distribution: its chat sequences less the last 16 ids of the target's
     answer (which the target then generates again: a mechanism test, not a measure of the head)."""
-    data = torch.load(eagle3_head_dir / "cache" / "eagle3_data.pt", weights_only=True)["seqs"]
+    data = list(torch.load(eagle3_head_dir / "cache" / "eagle3_data.pt", weights_only=True)["answers"].values())
     return [s["ids"][:-16].tolist() for s in data[:8]]

@@ -202,6 +202,14 @@ def _benchmark_prompts() -> set[str]:
     return held
 
 
+def base_prompt(prompt: str) -> str:
+    """The prompt without a ``STYLES`` ending (a kind's own prompt)."""
+    for style in STYLES:
+        if prompt.endswith(style):
+            return prompt[: -len(style)]
+    return prompt
+
+
 def names_a_benchmark_subject(prompt: str) -> bool:
     low = prompt.lower()
     return any(s in low for s in BENCHMARK_SUBJECTS)

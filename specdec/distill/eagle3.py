@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdec.distill.chat_prompts import chat_prompts
+from specdec.distill.chat_prompts import base_prompt, chat_prompts
 from specdec.distill.config import CACHE_DIR, CHECKPOINT_DIR, DistillConfig
 from specdec.engine.eagle3 import Eagle3Config, Eagle3Head
 from specdec.engine.eagle3_files import save_head
@@ -45,7 +45,7 @@ from specdec.features import default_feature_layers
 logger = logging.getLogger("specdec.distill")
 DEFAULT_DRAFT_VOCAB = 8192
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of training-time-test step s: 0.8^s
-HELDOUT_EVERY = 20  # every 20th sequence is held out
+HELDOUT_EVERY = 20  # one sequence in 20 is held out (``held_out``)
 
 # -- data ----------------------------------------------------------------------------------------------
 def _answers(lm: Any, prompts: list[str], tokens: int, batch: int = 32) -> list[list[int]]:
@@ -87,7 +87,7 @@ def _corpus(lm: Any, cfg: DistillConfig, seq_len: int = 256) -> list[list[int]]:
     return [row.tolist() for row in data["train"]]
 
 
-LABEL_BATCH_TOKENS = 4096  # tokens per labelling forward (sequences of similar length, right-padded)
+LABEL_BATCH_LOGITS = 1 << 27  # logits per labelling forward (512 MB of fp32; sequences of similar length share one)
 
 
 @torch.no_grad()
@@ -98,11 +98,11 @@ def _label(lm: Any, seqs: list[list[int]], layers: tuple[int, ...], top_k: int) 
     outputs those of the sequence alone (up to the rounding of a wider matmul)."""
     out: list[dict[str, torch.Tensor] | None] = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    tokens = max(1, LABEL_BATCH_LOGITS // lm.model.get_output_embeddings().weight.shape[0])
     start = 0
     while start < len(order):
-        width = len(seqs[order[start]])
         end = start + 1
-        while end < len(order) and len(seqs[order[end]]) * (end - start + 1) <= LABEL_BATCH_TOKENS:
+        while end < len(order) and len(seqs[order[end]]) * (end - start + 1) <= tokens:
             end += 1
         group = order[start:end]
         width = len(seqs[group[-1]])
@@ -160,10 +160,10 @@ def prepare_data(cfg: DistillConfig, lm: Any, layers: tuple[int, ...], out: Path
 
 
 def held_out(item: str | int) -> bool:
-    """One chat prompt in HELDOUT_EVERY (by its text's hash: the same whatever else is asked) and every
-    HELDOUT_EVERY-th corpus sequence is held out."""
+    """One chat prompt in HELDOUT_EVERY (by the hash of its text less a style's ending: the same whatever else
+    is asked, and a prompt's other styles on the same side) and every HELDOUT_EVERY-th corpus sequence."""
     if isinstance(item, str):
-        return zlib.crc32(item.encode()) % HELDOUT_EVERY == 0
+        return zlib.crc32(base_prompt(item).encode()) % HELDOUT_EVERY == 0
     return item % HELDOUT_EVERY == HELDOUT_EVERY - 1
 
 
@@ -253,17 +253,33 @@ def tokens_per_pass(accuracy: list[float], k: int) -> float:
     return total
 
 
-def _start_from(cfg: DistillConfig, lm: Any, layers: tuple[int, ...]) -> tuple[torch.Tensor, dict] | None:
+# the head's shape: a head to start from must have these of the head this run builds for its target
+_SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "dim", "vocab_size",
+          "rms_norm_eps", "rope_theta", "rope_scaling")
+# taken from this run's target and draft vocabulary, never from the head started from
+_OWN = ("embed_tokens.weight", "d2t", "t2d")
+
+
+def _start_from(cfg: DistillConfig, lm: Any, layers: tuple[int, ...]
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any] | None:
     """``--init-from``: a head folder (the published layout) or a run's OUT folder (its checkpoint, in full
-    precision): its draft vocabulary and weights, to train further on new data with a new schedule."""
+    precision): (its draft ids, its weights less ``_OWN``, its Eagle3Config or None), to train further on new
+    data with a new schedule. A checkpoint of another target or other feature layers is refused."""
     if not cfg.init_from:
         return None
     folder = Path(cfg.init_from).expanduser()
     ckpt = folder / CHECKPOINT_DIR / "eagle3.pt"
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
+        summary = folder / "distill.json"
+        made = json.loads(summary.read_text()) if summary.exists() else {}
+        theirs = state.get("layers", made.get("feature_layers"))
+        target = state.get("target", made.get("target"))
+        if theirs is None or tuple(theirs) != tuple(layers) or target != cfg.target:
+            raise ConfigError(f"--init-from {folder}: its head reads layers {theirs} of target {target!r}; this run "
+                              f"trains on layers {list(layers)} of {cfg.target!r}")
         logger.info("eagle3: starting from %s (step %d)", ckpt, state["step"])
-        return state["draft_ids"], state["head"]
+        return state["draft_ids"], {k: v for k, v in state["head"].items() if k not in _OWN}, None
     from specdec.engine.eagle3_files import load_head
 
     text = lm.model.config.get_text_config()
@@ -275,7 +291,21 @@ def _start_from(cfg: DistillConfig, lm: Any, layers: tuple[int, ...]) -> tuple[t
                           f"layers {list(layers)}: give --feature-layers {','.join(map(str, theirs))}")
     draft_ids = (head.d2t.long() + torch.arange(len(head.d2t))).cpu()
     logger.info("eagle3: starting from the head in %s", folder)
-    return draft_ids, {k: v.float() if v.is_floating_point() else v for k, v in head.state_dict().items()}
+    return draft_ids, {k: v.float() for k, v in head.state_dict().items() if k not in _OWN}, head.cfg
+
+
+def _load_start(head: Eagle3Head, start: tuple[torch.Tensor, dict[str, torch.Tensor], Any], source: str) -> None:
+    """The weights of the head started from, into this run's head (its shape checked first)."""
+    if start[2] is not None:
+        differ = [f"{k} {getattr(start[2], k)} (this run: {getattr(head.cfg, k)})" for k in _SHAPE
+                  if getattr(start[2], k) != getattr(head.cfg, k)]
+        if differ:
+            raise ConfigError(f"--init-from {source}: the head's shape is not the one this run trains for its "
+                              f"target: {'; '.join(differ)}")
+    missing, unexpected = head.load_state_dict(start[1], strict=False)
+    if unexpected or set(missing) - set(_OWN):
+        raise ConfigError(f"--init-from {source}: weights {sorted(unexpected)[:5]} unexpected, "
+                          f"{sorted(set(missing) - set(_OWN))[:5]} missing")
 
 
 # -- the run -------------------------------------------------------------------------------------------
@@ -296,10 +326,13 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     train, heldout = prepare_data(cfg, lm, layers, out)
     ckpt = out / CHECKPOINT_DIR / "eagle3.pt"
     state = torch.load(ckpt, weights_only=False) if ckpt.exists() and cfg.resume is not False else None
-    if state and state.get("train_sequences", len(train)) != len(train):
-        raise ConfigError(f"{ckpt} was trained on {state['train_sequences']} sequences, but this command's data has "
+    if state and state.get("train_sequences", len(state["order"])) != len(train):
+        raise ConfigError(f"{ckpt} was trained on {len(state['order'])} sequences, but this command's data has "
                           f"{len(train)}: give the same data options, or --no-resume (with --init-from {out} to "
                           "start from the head trained so far)")
+    if state and cfg.init_from:
+        logger.warning("eagle3: resuming %s; --init-from %s is not read (it starts a new run: --no-resume)", ckpt,
+                       cfg.init_from)
     vocab = lm.model.get_input_embeddings().weight.shape[0]
     start = None if state else _start_from(cfg, lm, layers)
     if state:
@@ -310,7 +343,7 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
         draft_ids = draft_vocabulary(train, vocab, cfg.draft_vocab or DEFAULT_DRAFT_VOCAB)
     head = new_head(lm, draft_ids, layers, cfg.seed)
     if start is not None:
-        head.load_state_dict(start[1])
+        _load_start(head, start, cfg.init_from)
     to_draft = torch.full((vocab,), -1, dtype=torch.long)
     to_draft[draft_ids] = torch.arange(len(draft_ids))
     params = [p for p in head.parameters() if p.requires_grad]
@@ -336,7 +369,8 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "order": order,
                     "cursor": cursor, "seconds": time.perf_counter() - began, "draft_ids": draft_ids,
-                    "log": log, "train_sequences": len(train)}, tmp)
+                    "log": log, "train_sequences": len(train), "layers": list(layers),
+                    "target": cfg.target}, tmp)
         tmp.replace(ckpt)
 
     head.train()
@@ -372,7 +406,8 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     save_head(export, out, layers, with_embedding=False)
     lm.tokenizer.save_pretrained(out)
     summary = {"out": str(out), "target": cfg.target, "feature_layers": list(layers), "steps": step,
-               "resumed_at_step": state["step"] if state else 0, "init_from": cfg.init_from,
+               "resumed_at_step": state["step"] if state else 0,
+               "init_from": None if state else cfg.init_from,
                "train_minutes": round((time.perf_counter() - began) / 60, 2), "draft_vocab": len(draft_ids),
                "sequences": len(train), "heldout_sequences": len(heldout),
                "train_tokens": sum(len(s["ids"]) for s in train), "ttt_steps": cfg.ttt_steps,
