@@ -735,3 +735,24 @@ def test_smoke_tree_load(tmp_path):
     assert data["setups"]["draft model trees, cut to the tile"]["speculative_token_tree"] == "dynamic"
     assert "speculative_token_tree" not in data["setups"]["draft model chains"]
     assert len(data["goals"]) == 2
+
+
+# bench_eagle3_round.py: an EAGLE-3 round's parts (target passes, the head's rounds) against the one-row pass
+
+EAGLE3_ROUND_PARTS = ["target, one row (decoding alone)", "target, chain of 3 + features", "target, tree of 15 nodes",
+                      "target, tree of 15 nodes + features", "head, feed 3 + chain of 3",
+                      "head, feed 3 + tree of depth 3", "round, chains, k=3", "round, trees, depth 3"]
+EAGLE3_ROUND = Expected(
+    "bench_eagle3_round.py", ["part", "ms", "x one row"], "part", EAGLE3_ROUND_PARTS,
+    {"target", "head", "dtype", "head_quantization", "context", "reps", "cpu", "tokens_per_pass_for_2x"},
+    numeric=["ms", "x one row"])
+
+
+def test_smoke_eagle3_round(tmp_path):
+    stdout, data = run_smoke(EAGLE3_ROUND, tmp_path)
+    check(EAGLE3_ROUND, stdout, data)
+    by = {r["part"]: r["ms"] for r in data["rows"]}
+    assert by["round, trees, depth 3"] == pytest.approx(by["target, tree of 15 nodes + features"]
+                                                        + by["head, feed 3 + tree of depth 3"])
+    assert set(data["tokens_per_pass_for_2x"]) == {"chains, k=3", "trees, depth 3"}
+    assert "tokens per pass at these costs" in stdout
