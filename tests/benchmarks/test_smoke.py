@@ -748,6 +748,7 @@ EAGLE3_ROUND = Expected(
     numeric=["ms", "x one row"])
 
 
+@pytest.mark.heavy
 def test_smoke_eagle3_round(tmp_path):
     stdout, data = run_smoke(EAGLE3_ROUND, tmp_path)
     check(EAGLE3_ROUND, stdout, data)
