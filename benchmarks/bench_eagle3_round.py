@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_eagle3 import DEFAULT_HEAD, _smoke_head  # noqa: E402
 from common import add_common_args, cpu_info, json_path, print_table, smoke_environment, smoke_models, write_json  # noqa: E402
 
 from specdec.config import DEFAULT_TARGET  # noqa: E402
 
-DEFAULT_HEAD = "specdec/assets/smollm2-135m-eagle3"
 TREE = [-1, -1, -1, -1, 1, 0, 1, 0, 1, 3, 0, 0, 5, 7, 1]  # a depth-3 tree of 15 nodes as the head grows them
 GOAL = 2.0
 
@@ -105,8 +105,6 @@ def main() -> int:
         tmp = tempfile.TemporaryDirectory(prefix="specdec-bench-smoke-")
         smoke_environment(tmp.name)
         args.target = smoke_models(tmp.name).target
-        from bench_eagle3 import _smoke_head
-
         args.head = _smoke_head(args.target, Path(tmp.name) / "head")
         args.context, args.reps, args.dtype = 24, 2, "float32"
     from specdec.config import TreeShape
@@ -120,7 +118,7 @@ def main() -> int:
     lm = load_model(args.target, dtype=args.dtype)
     worker = TargetWorker(ModelRunner(lm, args.context + 256, role="target", batch_invariant=True))
     target_path = resolve_model_path(args.target)[0]
-    head, layers, _ = load_head_for_target(args.head, target_path)
+    head, layers, _ = load_head_for_target(resolve_model_path(args.head)[0], target_path)
     quantization = quantize_head(head, None)
     width = 3 * head.cfg.target_width
     chain_head = Eagle3Worker(HeadStore(head, args.context + 256))

@@ -96,7 +96,7 @@ def _label(lm: Any, seqs: list[list[int]], layers: tuple[int, ...], top_k: int) 
 
     Sequences of similar length share a forward, right-padded: causal attention keeps every real position's
     outputs those of the sequence alone (up to the rounding of a wider matmul)."""
-    out: list[dict[str, torch.Tensor] | None] = [None] * len(seqs)
+    out: list[dict[str, torch.Tensor]] = [{}] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     tokens = max(1, LABEL_BATCH_LOGITS // lm.model.get_output_embeddings().weight.shape[0])
     start = 0
@@ -117,7 +117,7 @@ def _label(lm: Any, seqs: list[list[int]], layers: tuple[int, ...], top_k: int) 
             out[i] = {"ids": torch.tensor(seqs[i], dtype=torch.int32), "feats": feats[row, :n].clone(),
                       "top_ids": top_ids[row, :n].to(torch.int32), "top_lp": top_lp[row, :n].to(torch.float16)}
         start = end
-    return [o for o in out if o is not None]
+    return out
 
 
 def prepare_data(cfg: DistillConfig, lm: Any, layers: tuple[int, ...], out: Path
@@ -154,9 +154,10 @@ def prepare_data(cfg: DistillConfig, lm: Any, layers: tuple[int, ...], out: Path
                     time.perf_counter() - began)
     else:
         logger.info("eagle3 data: %d answers and %d corpus sequences from %s", len(prompts), len(corpus), path)
-    train = [answers[p] for p in prompts if not held_out(p)] + [s for i, s in enumerate(corpus) if not held_out(i)]
-    heldout = [answers[p] for p in prompts if held_out(p)] + [s for i, s in enumerate(corpus) if held_out(i)]
-    return train, heldout or (train[:1])
+    train, heldout = [], []
+    for item, seq in [*((p, answers[p]) for p in prompts), *enumerate(corpus)]:
+        (heldout if held_out(item) else train).append(seq)
+    return train, heldout or train[:1]
 
 
 def held_out(item: str | int) -> bool:
@@ -326,7 +327,7 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
     train, heldout = prepare_data(cfg, lm, layers, out)
     ckpt = out / CHECKPOINT_DIR / "eagle3.pt"
     state = torch.load(ckpt, weights_only=False) if ckpt.exists() and cfg.resume is not False else None
-    if state and state.get("train_sequences", len(state["order"])) != len(train):
+    if state and len(state["order"]) != len(train):  # (order: a permutation of the training sequences)
         raise ConfigError(f"{ckpt} was trained on {len(state['order'])} sequences, but this command's data has "
                           f"{len(train)}: give the same data options, or --no-resume (with --init-from {out} to "
                           "start from the head trained so far)")
@@ -369,8 +370,7 @@ def train_eagle3(cfg: DistillConfig) -> dict[str, Any]:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "order": order,
                     "cursor": cursor, "seconds": time.perf_counter() - began, "draft_ids": draft_ids,
-                    "log": log, "train_sequences": len(train), "layers": list(layers),
-                    "target": cfg.target}, tmp)
+                    "log": log, "layers": list(layers), "target": cfg.target}, tmp)
         tmp.replace(ckpt)
 
     head.train()

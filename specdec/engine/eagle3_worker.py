@@ -41,9 +41,11 @@ class _HeadSequence:
     mark: Any = None
     consumed: int = 0  # positions [0, consumed) hold the target's features in the cache
     last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, prenorm) of position consumed - 1
-    # features of positions [consumed, consumed + len(held)) taken on rounds another drafter proposed for (a hybrid's
+    # features of positions [consumed, consumed + held_rows) taken on rounds another drafter proposed for (a hybrid's
     # suffix rounds), fed to the head only when it next drafts: one pass over them all instead of one per round
     held: list[torch.Tensor] = field(default_factory=list)
+    last_used: float = field(default_factory=time.monotonic)
+    state: DraftingState = field(default_factory=DraftingState)
 
     @property
     def held_rows(self) -> int:
@@ -58,8 +60,6 @@ class _HeadSequence:
             kept.append(part[:rows - n])
             n += kept[-1].shape[0]
         self.held = kept
-    last_used: float = field(default_factory=time.monotonic)
-    state: DraftingState = field(default_factory=DraftingState)
 
 
 class HeadStore:
