@@ -8,11 +8,14 @@ Side by side in one run, greedy, the same target (default: the embedded ``smollm
   * the same with token trees (every branch the suffix trees hold above min_token_prob, up to k nodes);
   * the shipped default (suffix decoding before the EAGLE-3 head ``--eagle3-head``: a suffix match expecting 1.5+
     accepted tokens, else the head, depth 3), as chains and with token trees (suffix rounds: the suffix trees'
-    branches; the head's rounds: EAGLE-2's dynamic tree, 15 nodes at most);
+    branches, merged with the head's tree where the match expects fewer than 6 tokens; the head's rounds: EAGLE-2's
+    dynamic tree; 15 nodes at most);
   * the shipped draft model alone at k = ``--model-k`` (3), as chains and as trees;
   * n-gram lookup, as chains and as trees;
   * the default before the EAGLE-3 head (suffix decoding before the draft model: ``draft_model_pair_config``), as
-    chains and with trees (the draft model's rounds: its top-4 candidates per expanded node).
+    chains and with trees (the draft model's rounds: its top-4 candidates per expanded node);
+  * the shipped default with trees, unmerged (``suffix_decoding_merge_score`` 0: a suffix tree proposes alone, as
+    before 2026-12-07, where the default merges a suffix tree expecting fewer than 6 tokens with the head's).
 
 Workloads, in this order:
   (a) agent-like traffic that no benchmark or setting here was tuned on (``--agent-requests``, 40): tool calls
@@ -126,7 +129,9 @@ def setups(args) -> dict[str, dict | None]:
              f"n-gram k={args.ngram_k} chains": ngram,
              f"n-gram k={args.ngram_k} trees": {**ngram, "speculative_token_tree": "dynamic"},
              "suffix + draft model (chains)": pair,
-             "suffix + draft model trees": {**pair, "speculative_token_tree": "dynamic"}}
+             "suffix + draft model trees": {**pair, "speculative_token_tree": "dynamic"},
+             "shipped default with trees, unmerged": {**default, "speculative_token_tree": "dynamic",
+                                                      "suffix_decoding_merge_score": 0.0}}
     if not args.setups:
         return every
     wanted = [w.strip() for w in args.setups.split(",") if w.strip()]

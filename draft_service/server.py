@@ -78,5 +78,6 @@ def create_server(config: DraftServiceConfig, load_async: bool = False,
         draft_top_n=config.draft_top_n or None, target_tokenizer=config.target_tokenizer,
         tli_proposals=config.tli_proposals, lookup=lookup_indexes(spec),
         model_free=spec.method if spec.model_free else None, model_k=model_k, eagle_target=eagle_target,
+        merge_score=spec.suffix_decoding_merge_score,
         tree_shape=spec.tree_shape(),  # (a TLI draft with text proposals drafts chains, and says so: DraftWorker)
     )

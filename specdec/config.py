@@ -144,7 +144,7 @@ MODEL_FREE_METHODS = ("ngram", "suffix")  # drafted from token histories: no mod
 NO_MODEL_NAMES = ("none", *MODEL_FREE_METHODS)
 SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
                "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "suffix_decoding_min_score",
-               "enable_suffix_decoding")
+               "suffix_decoding_merge_score", "enable_suffix_decoding")
 # speculative_token_tree (vLLM's key): None drafts chains; "dynamic" (specdec.trees.DYNAMIC) lets each drafter grow
 # token trees, verified in one pass: suffix decoding its trees' branches (up to num_speculative_tokens nodes), a
 # draft model or an EAGLE-3 head top-k candidates (SGLang's speculative_eagle_topk and speculative_num_draft_tokens),
@@ -186,6 +186,13 @@ DEFAULT_PAIR_NUM_SPECULATIVE_TOKENS = 15
 # (bench_eagle3.py) 1.77-1.80x against 1.49x.
 DEFAULT_PAIR_HEAD_DEPTH = 3
 DEFAULT_PAIR_SUFFIX_MIN_SCORE = 1.5
+# With token trees, a suffix tree expecting fewer than DEFAULT_PAIR_SUFFIX_MERGE_SCORE accepted tokens is merged with
+# the head's tree of the same round (specdec.trees.merge: the likeliest nodes of both, 15 at most). Measured
+# (benchmarks/bench_trees.py, served, greedy, default dtypes, 2-core AMD EPYC avx512, two runs): open chat 2.34 tokens
+# per pass against 2.04 unmerged (1.87x the target alone against 1.65-1.69x); agent-like traffic 4.22 against 3.96
+# tokens per pass, 2.97x against 3.05-3.09x (the head's round costs more than its extra tokens gain where the suffix
+# match is long: merging every round, 2.90x; below 6 the confident matches skip the head).
+DEFAULT_PAIR_SUFFIX_MERGE_SCORE = 6.0
 DEFAULT_PAIR_DRAFT_MODEL_K = 1
 DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR = 4.0
 # The default pair verifies without drafts while this many sequences generate (vLLM's disable_by_batch_size).
@@ -277,6 +284,11 @@ class SpeculativeConfig:
     # A suffix proposal whose score (the sum of its drafts' empirical probabilities: the tokens it expects accepted)
     # is below this is not made: in a hybrid the model drafts that round instead (0: every match proposes).
     suffix_decoding_min_score: float = 0.0
+    # Token trees in a hybrid (suffix decoding before a draft model or head, speculative_token_tree "dynamic"; no
+    # effect otherwise): a suffix tree whose score is below this is merged with the model's tree of the same round
+    # (one tree of both drafters' likeliest nodes, up to num_speculative_tokens: specdec.trees.merge); at or above
+    # it the suffix tree proposes alone (0: never merged).
+    suffix_decoding_merge_score: float = 0.0
     # ArcticInference's key: suffix decoding before a learned drafter (here: method "eagle3"). A confident suffix
     # match proposes, else the EAGLE-3 head, which takes the target's features every round either way.
     # (A draft model's hybrid is spelled "method": "suffix" with "model".)
@@ -429,6 +441,9 @@ class SpeculativeConfig:
             raise ConfigError(f"enable_suffix_decoding puts suffix decoding before an EAGLE-3 head (\"method\": "
                               f"\"eagle3\"); with method {self.method!r} use \"method\": \"suffix\" (with \"model\" "
                               "for a draft model behind it)")
+        merge = self.suffix_decoding_merge_score
+        if not isinstance(merge, (int, float)) or isinstance(merge, bool) or not 0 <= merge <= 1024:
+            raise ConfigError(f"suffix_decoding_merge_score must be a number in [0, 1024], got {merge!r}")
         if self.uses_suffix:
             if self.prompt_lookup_max is not None or self.prompt_lookup_min is not None:
                 raise ConfigError("method \"suffix\" drafts from suffix trees; prompt_lookup_max / prompt_lookup_min "
@@ -495,7 +510,8 @@ def default_speculative_config() -> dict | None:
                          alone={"method": "eagle3", "num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH},
                          hybrid={"method": "eagle3", "enable_suffix_decoding": True,
                                  "draft_model_num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH,
-                                 "suffix_decoding_min_score": DEFAULT_PAIR_SUFFIX_MIN_SCORE})
+                                 "suffix_decoding_min_score": DEFAULT_PAIR_SUFFIX_MIN_SCORE,
+                                 "suffix_decoding_merge_score": DEFAULT_PAIR_SUFFIX_MERGE_SCORE})
 
 
 def draft_model_pair_config() -> dict | None:

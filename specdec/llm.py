@@ -46,7 +46,8 @@ def eagle3_workers(cfg: SpeculativeConfig, target: LoadedModel, target_worker: T
     worker = Eagle3Worker(HeadStore(head, max_model_len), cfg.draft_sample_method,
                           eos_token_ids=frozenset(target.eos_token_ids), tree=cfg.tree_shape())
     if cfg.uses_suffix:  # enable_suffix_decoding: a suffix match proposes, else the head
-        worker = HybridDraftWorker(worker, lookup_indexes(cfg), cfg.draft_model_num_speculative_tokens)
+        worker = HybridDraftWorker(worker, lookup_indexes(cfg), cfg.draft_model_num_speculative_tokens,
+                                   cfg.suffix_decoding_merge_score)
     return RelayedDraft(worker, relay), RelayedTarget(target_worker, relay)
 
 
@@ -207,7 +208,8 @@ class LLM:
             self._draft_worker = DraftWorker(draft_runner, cfg.draft_sample_method, tli=tli, tree=cfg.tree_shape())
             if cfg.uses_lookup:  # hybrid: a lookup (n-gram / suffix) match proposes, else the draft model
                 self._draft_worker = HybridDraftWorker(self._draft_worker, lookup_indexes(cfg),
-                                                       cfg.draft_model_num_speculative_tokens)
+                                                       cfg.draft_model_num_speculative_tokens,
+                                                       cfg.suffix_decoding_merge_score)
         # overlapped drafting: the draft's lookahead runs on this thread while the target verifies
         self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead") if cfg is not None and cfg.overlap \
             else None

@@ -29,7 +29,7 @@ from specdec.drafting_state import DraftingState
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
 from specdec.history import common_prefix, mark_of, unchanged_prefix
 from specdec.proposal import Proposal
-from specdec.trees import is_chain
+from specdec.trees import is_chain, merge
 
 
 
@@ -294,12 +294,19 @@ class HybridDraftWorker:
     expired with it, and it records the committed history the service holds (``state.held_target_ids``) even
     over rounds the model did not draft."""
 
-    def __init__(self, model_worker, new_index, model_k: int | None = None):
+    def __init__(self, model_worker, new_index, model_k: int | None = None, merge_below: float = 0.0):
         self.model = model_worker
         self.runner = model_worker.runner
         self.tli = model_worker.tli
         self.new_index = new_index
         self.model_k = model_k  # the model's drafts per round (None: the call's k); lookups take the call's k
+        # a lookup's tree expecting fewer accepted tokens than this (the sum of its nodes' probabilities) is merged
+        # with the model's tree (``specdec.trees.merge``) where the model drafts trees; 0: never
+        self.merge_below = merge_below if getattr(model_worker, "tree", None) is not None else 0.0
+
+    def _merges(self, call, result) -> bool:
+        return (isinstance(result, Proposal) and bool(result.draft_token_ids) and result.node_probs is not None
+                and sum(result.node_probs) < self.merge_below)
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
         result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
@@ -327,13 +334,13 @@ class HybridDraftWorker:
                     results.append(self._lookup(call))
                 except SpecDecError as exc:
                     results.append(exc)
-        need = [i for i, r in enumerate(results) if isinstance(r, Proposal) and not r.draft_token_ids
-                and calls[i].num_speculative_tokens > 0]
+        need = [i for i, r in enumerate(results) if isinstance(r, Proposal) and calls[i].num_speculative_tokens > 0
+                and (not r.draft_token_ids or self._merges(calls[i], r))]
         if need:
             asked = [calls[i] if self.model_k is None or calls[i].num_speculative_tokens <= self.model_k
                      else replace(calls[i], num_speculative_tokens=self.model_k) for i in need]
             for i, r in zip(need, self.model.propose_batch(asked)):
-                results[i] = r
+                results[i] = _merged(results[i], r, calls[i].num_speculative_tokens)
         absorb = getattr(self.model, "absorb", None)  # an EAGLE head: it takes the features of every round
         if absorb is not None:
             drafted = set(need)
@@ -347,6 +354,19 @@ class HybridDraftWorker:
 
     def release(self, sequence_id: str) -> None:
         self.model.release(sequence_id)
+
+
+def _merged(lookup: Proposal, model: Proposal | SpecDecError, k: int) -> Proposal | SpecDecError:
+    """The model's proposal where the lookup proposed nothing; else one tree of both (``trees.merge``, k nodes at
+    most), or the lookup's where the model's has no node estimates (a sampled chain)."""
+    if not lookup.draft_token_ids or isinstance(model, SpecDecError):
+        return model
+    if not model.draft_token_ids or model.node_probs is None:
+        return replace(lookup, features_from=model.features_from)
+    tokens, parents, probs = merge([(lookup.draft_token_ids, lookup.parents, lookup.node_probs),
+                                    (model.draft_token_ids, model.parents, model.node_probs)], k)
+    return Proposal(tokens, parents=None if is_chain(parents) else parents, node_probs=probs,
+                    features_from=model.features_from)
 
 
 def lookup_indexes(spec: Any) -> Any:

@@ -29,6 +29,10 @@ class Proposal:
     # a token tree's (specdec.trees): each draft's parent node (-1: the history's last token); None: a chain.
     # A tree's drafts are deterministic candidates: no q rows, no bitmask.
     parents: list[int] | None = None
+    # the drafter's estimate, per node, that the target takes the node's whole path (a suffix tree's frequencies, a
+    # model's cumulative probabilities): how a hybrid ranks the nodes of two drafters' trees (``trees.merge``).
+    # The drafting side's alone: never sent.
+    node_probs: list[float] | None = None
 
     @property
     def is_tree(self) -> bool:
@@ -40,7 +44,8 @@ class Proposal:
             return self
         return Proposal(self.draft_token_ids[:n], None if self.draft_probs is None else self.draft_probs[:n],
                         None if self.token_bitmask is None else self.token_bitmask[:n + 1], self.features_from,
-                        None if self.parents is None else self.parents[:n])
+                        None if self.parents is None else self.parents[:n],
+                        None if self.node_probs is None else self.node_probs[:n])
 
     def after(self, n: int) -> "Proposal":
         """The draft tokens after the first ``n`` (and their q rows) of a chain."""

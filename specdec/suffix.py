@@ -147,13 +147,13 @@ class SuffixIndex:
     def proposal(self, k: int) -> Proposal:
         """This round's proposal: a chain, or with ``token_tree`` a token tree of up to k nodes (every continuation
         the better suffix tree holds above ``min_token_prob``, scored by frequency: ``specdec.trees``)."""
-        tokens, parents = self._speculate(k, self.cache.settings.token_tree)
-        return Proposal(tokens, parents=parents if parents and not is_chain(parents) else None)
+        tokens, parents, probs = self._speculate(k, self.cache.settings.token_tree)
+        return Proposal(tokens, parents=parents if parents and not is_chain(parents) else None, node_probs=probs)
 
-    def _speculate(self, k: int, tree: bool) -> tuple[list[int], list[int]]:
+    def _speculate(self, k: int, tree: bool) -> tuple[list[int], list[int], list[float]]:
         self.last_match_len, self.last_score = 0, 0.0
         if k <= 0 or not self.tokens:
-            return [], []
+            return [], [], []
         s = self.cache.settings
         context = self.tokens[-s.max_tree_depth:]
         with self.cache.lock:
@@ -164,8 +164,8 @@ class SuffixIndex:
                     best = other
         self.last_match_len, self.last_score = best.match_len, best.score
         if best.score < s.min_score:  # too weak to bet a round on (a hybrid's model drafts instead)
-            return [], []
-        return list(best.token_ids[:k]), list(best.parents[:k])
+            return [], [], []
+        return list(best.token_ids[:k]), list(best.parents[:k]), list(best.probs[:k])
 
     def close(self) -> None:
         with self.cache.lock:

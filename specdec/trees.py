@@ -113,3 +113,38 @@ def fit_trees(sizes: list[int], tree_levels: list[int], other_rows: int, tile_ro
             keep[i] = share + (1 if rank < extra else 0)
         break
     return keep
+
+
+def merge(trees: list[tuple[list[int], list[int] | None, list[float]]], max_nodes: int
+          ) -> tuple[list[int], list[int], list[float]]:
+    """One tree of the nodes of several drafters' trees (a hybrid's suffix tree and its model's), at most
+    ``max_nodes`` of them. Each tree is (tokens, parents (None: a chain), probs): ``probs[i]`` the drafter's
+    estimate that the target takes node i's whole path, never above its parent's. Nodes on the same path of tokens
+    become one node with the higher estimate; the ``max_nodes`` likeliest are kept, the likeliest first (a tie: the
+    node met first, so a parent before its child: the first n nodes stay a tree). Returns (tokens, parents, probs)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    at: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    for ids, pars, ps in trees:
+        pars = list(range(-1, len(ids) - 1)) if pars is None else pars
+        mapped: list[int] = []
+        for token, parent, p in zip(ids, pars, ps):
+            key = (mapped[parent] if parent >= 0 else -1, token)
+            node = at.get(key)
+            if node is None:
+                node = at[key] = len(tokens)
+                tokens.append(token)
+                parents.append(key[0])
+                probs.append(p)
+            else:
+                probs[node] = max(probs[node], p)
+            mapped.append(node)
+    # a node's estimate may have risen above its parent's (the parent came from the other tree): lift the parents
+    for node in range(len(tokens) - 1, -1, -1):
+        if parents[node] >= 0 and probs[parents[node]] < probs[node]:
+            probs[parents[node]] = probs[node]
+    keep = sorted(range(len(tokens)), key=lambda i: (-probs[i], i))[:max_nodes]
+    index = {node: i for i, node in enumerate(keep)}
+    return ([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+            [probs[i] for i in keep])

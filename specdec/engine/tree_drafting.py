@@ -23,6 +23,7 @@ history afterwards, so no node's entry outlives the round, and the next round fe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -77,7 +78,8 @@ class CandidateTree:
             keep.sort()
         index = {node: i for i, node in enumerate(keep)}
         return Proposal([self.tokens[i] for i in keep],
-                        parents=[index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep])
+                        parents=[index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep],
+                        node_probs=[math.exp(self.scores[i]) for i in keep])
 
 
 def grow_trees(runner: ModelRunner, calls: list, seqs: list[CachedSequence], first: list[torch.Tensor],

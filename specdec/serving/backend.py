@@ -130,7 +130,7 @@ class Backend:
                  compute: ComputeThread | None = None, tli_proposals: str = "text",
                  lookup: Any = None, model_free: str | None = None, model_k: int | None = None,
                  seeded_sampling: str = DEFAULT_SEEDED_SAMPLING, eagle_target: str | None = None,
-                 tree_shape: Any = None, tree_tile_rows: int = 0):
+                 tree_shape: Any = None, tree_tile_rows: int = 0, merge_score: float = 0.0):
         if role not in ("draft", "target"):
             raise ValueError(role)
         self.role = role
@@ -147,6 +147,7 @@ class Backend:
         self.lookup = lookup
         self.model_free = model_free
         self.model_k = model_k  # hybrid: the draft model's k (None: the call's)
+        self.merge_score = merge_score  # hybrid trees: a lookup tree scoring below this is merged with the model's
         self.tree_shape = tree_shape  # the draft model's token trees (specdec.config.TreeShape; None: chains)
         self.eagle_target = eagle_target  # an EAGLE-3 head's target (its embedding and shape); the model is the head
         self.head_info: dict | None = None  # what GetInfo says of a head (set by load)
@@ -173,7 +174,7 @@ class Backend:
                                                                        self.draft_top_n, self.tree_shape)
             self.max_model_len = self.runner.max_model_len
             if self.lookup is not None:  # enable_suffix_decoding: a suffix match proposes, else the head
-                self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k)
+                self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k, self.merge_score)
             self._start(self.worker.propose_batch)
             return
         if self.model_free:  # the token histories draft: nothing to load
@@ -204,7 +205,7 @@ class Backend:
             self.worker = DraftWorker(self.runner, self.draft_sample_method, top_n=self.draft_top_n, tli=self.tli,
                                       tree=self.tree_shape)
             if self.lookup is not None:  # hybrid: a lookup match proposes, else the model
-                self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k)
+                self.worker = HybridDraftWorker(self.worker, self.lookup, self.model_k, self.merge_score)
             run = self.worker.propose_batch
         else:
             self.worker = TargetWorker(self.runner, kernels=cfg.kernels, seeded_sampling=self.seeded_sampling,

@@ -165,6 +165,36 @@ def test_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, alone, eag
         sum(o.spec_decode_stats.num_accepted_tokens for o in out[:3])
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                                    SamplingParams(temperature=0.8, seed=7, max_tokens=40, ignore_eos=True)],
+                         ids=["greedy", "seeded"])
+def test_suffix_trees_merged_with_the_heads(target_dir, eagle3_head_dir, alone, eagle3_prompts, params, monkeypatch):
+    """suffix_decoding_merge_score: a suffix tree expecting fewer accepted tokens than this is merged with the head's
+    tree of the same round (specdec.trees.merge), and the output is still the target's alone."""
+    import specdec.ngram
+
+    merged = []
+    original = specdec.ngram.merge
+
+    def recording(trees, max_nodes):
+        out = original(trees, max_nodes)
+        merged.append((trees, out, max_nodes))
+        return out
+
+    monkeypatch.setattr(specdec.ngram, "merge", recording)
+    llm = LLM(str(target_dir), dtype="float32", speculative_config=_spec(
+        eagle3_head_dir, 8, enable_suffix_decoding=True, draft_model_num_speculative_tokens=3,
+        speculative_token_tree="dynamic", suffix_decoding_merge_score=100.0))
+    prompts = eagle3_prompts[:3] * 2  # the second time the first one's output is in the global suffix tree
+    out = _run(llm, prompts, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in _run(alone, prompts, params)]
+    assert merged, "no round merged a suffix tree with the head's"
+    for (suffix, head), (tokens, _, _), max_nodes in merged:
+        assert len(tokens) <= max_nodes <= 8  # the round's k (fewer near max_tokens)
+    # the head's nodes joined suffix trees (more nodes than the suffix's alone, where the budget left room)
+    assert any(len(tokens) > len(suffix[0]) for (suffix, _), (tokens, _, _), _ in merged)
+
+
 @pytest.mark.parametrize("spec, message", [
     ({"method": "draft_model", "model": "x", "enable_suffix_decoding": True}, "use \"method\": \"suffix\""),
     ({"method": "eagle3", "model": "x", "enable_suffix_decoding": 1}, "must be true or false"),

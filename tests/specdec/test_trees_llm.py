@@ -96,3 +96,25 @@ def test_ngram_trees_are_the_target_alone(target_dir, good_draft_dir, spec):
         for prompt, ref in zip(PROMPTS, refs):
             assert llm.generate([prompt], params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
     assert seen, "no round proposed a tree"
+
+
+def test_suffix_trees_merged_with_the_draft_models_are_the_target_alone(target_dir, good_draft_dir, monkeypatch):
+    """suffix_decoding_merge_score with a draft model: the suffix tree and the model's top-k tree of the same round
+    become one tree (specdec.trees.merge); greedy and seeded output stay the target's own."""
+    import specdec.ngram
+
+    merged = []
+    original = specdec.ngram.merge
+    monkeypatch.setattr(specdec.ngram, "merge", lambda trees, n: merged.append(trees) or original(trees, n))
+    llm = LLM(str(target_dir), dtype="float32", speculative_config={
+        **TREE, "model": str(good_draft_dir), "draft_model_num_speculative_tokens": 2,
+        "suffix_decoding_merge_score": 100.0})
+    seen = _recording(llm)
+    alone = LLM(str(target_dir), dtype="float32")
+    for params in (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                   SamplingParams(temperature=0.9, seed=3, max_tokens=20, ignore_eos=True)):
+        refs = alone.generate(PROMPTS, params)
+        for prompt, ref in zip(PROMPTS, refs):
+            assert llm.generate([prompt], params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
+    assert merged and seen
+    assert all(model[2] for _, model in merged)  # the model's nodes came with their estimates

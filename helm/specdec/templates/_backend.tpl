@@ -121,7 +121,7 @@ spec:
             - name: SPECDEC_DRAFT_PROMPT_LOOKUP_MIN
               value: {{ include "specdec.envValue" . }}
             {{- end }}
-            {{- range $key := list "suffix_decoding_max_tree_depth" "suffix_decoding_max_cached_requests" "suffix_decoding_max_spec_factor" "suffix_decoding_min_token_prob" "suffix_decoding_min_score" "speculative_token_tree" "speculative_eagle_topk" "speculative_num_draft_tokens" }}
+            {{- range $key := list "suffix_decoding_max_tree_depth" "suffix_decoding_max_cached_requests" "suffix_decoding_max_spec_factor" "suffix_decoding_min_token_prob" "suffix_decoding_min_score" "suffix_decoding_merge_score" "speculative_token_tree" "speculative_eagle_topk" "speculative_num_draft_tokens" }}
             {{- if and (hasKey $spec $key) (not (kindIs "invalid" (get $spec $key))) }}
             - name: SPECDEC_DRAFT_{{ upper $key }}
               value: {{ include "specdec.envValue" (get $spec $key) }}

@@ -116,7 +116,7 @@ def test_speculative_config_keys_reach_the_parts():
             "suffix_decoding_max_cached_requests": 7, "suffix_decoding_max_spec_factor": 2.5,
             "suffix_decoding_min_token_prob": 0.25, "draft_model_num_speculative_tokens": 2,
             "enable_suffix_decoding": False,  # (method eagle3's: below)
-            "suffix_decoding_min_score": 1.5,
+            "suffix_decoding_min_score": 1.5, "suffix_decoding_merge_score": 4.0,
             # (trees need one vocabulary: unset beside use_heterogeneous_vocab; the tree test below sets it)
             "speculative_token_tree": None, "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 9}
     assert set(spec) == set(SpeculativeConfig.valid_keys())
