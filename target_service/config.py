@@ -20,4 +20,5 @@ class TargetServiceConfig(BackendServiceConfig):
     tree_tile_rows: int = field(default=0, metadata={
         "help": "token trees: the rows a verify pass costs by; the trees of one pass are cut (each keeps its likeliest "
                 "nodes) so that they fill no more such tiles than chains of their depths would. 0: by device (16 on "
-                "a CPU, the batch-invariant tile; 64 on CUDA, not measured); -1: never cut"})
+                "a CPU, the batch-invariant tile; on CUDA measured at start: the most rows a pass holds for about "
+                "one row's cost); -1: never cut"})

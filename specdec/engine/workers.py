@@ -215,6 +215,10 @@ class TargetWorker:
             self.seeded_sampling = check_seeded_sampling(seeded_sampling)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if self.tree_tile_rows == 0:  # a GPU's: measured (the pass's roofline knee, specdec.engine.pass_cost)
+            from specdec.engine.pass_cost import measured_tile_rows
+
+            self.tree_tile_rows = measured_tile_rows(self)
 
     def verify(self, sequence_id: str, token_ids: list[int], proposal: Proposal, params: SamplingParams) -> VerifyResult:
         result = until_finished(self.verify_batch, VerifyCall(sequence_id, token_ids, proposal, params))
@@ -462,11 +466,12 @@ def taken_features(seq: CachedSequence, start: int, end: int, store=None,
 def tile_rows_of(device: Any, tree_tile_rows: int = 0) -> int:
     """The rows a verify pass costs by: ``tree_tile_rows`` when set (> 0; < 0: no tiles, trees are never cut),
     else by device: a CPU's batch-invariant tile (16 rows: a pass of 1-16 rows costs about one of 1, 17 steps up
-    by ~1.5x; ``benchmarks/bench_verify_rows.py``), 64 rows on CUDA (a GPU's pass is flat much further for a
-    small model: a guess, not measured here)."""
+    by ~1.5x; ``benchmarks/bench_verify_rows.py``); 0 on another device: the worker measures it when it starts
+    (``specdec.engine.pass_cost``: a GPU's pass stays flat up to its roofline's knee, which depends on the card,
+    the model and the dtype)."""
     if tree_tile_rows:
         return tree_tile_rows
-    return INVARIANT_TILE_ROWS if torch.device(device).type == "cpu" else 64
+    return INVARIANT_TILE_ROWS if torch.device(device).type == "cpu" else 0
 
 
 def race_winner(q: torch.Tensor, seed: int, position: int) -> int:

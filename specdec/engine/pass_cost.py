@@ -1,0 +1,110 @@
+"""How many rows a verify pass can hold for about the price of one, measured on the device (token trees' tile).
+
+A token tree's nodes are rows of the target's pass. On a CPU the answer is known by construction: the
+batch-invariant products run in tiles of ``INVARIANT_TILE_ROWS`` (16) rows, so 1 to 16 rows cost about what one
+does and the 17th starts a second tile (``benchmarks/bench_verify_rows.py``). On a GPU a small model's pass stays
+flat until its products turn from memory-bound to compute-bound (the roofline's knee), which depends on the card,
+the model and the dtype: so it is measured, once, when the target's worker starts.
+
+``measure_pass_costs`` times verify passes of several row counts over a scratch sequence (greedy, drafts the target
+rejects, the scratch sequence released afterwards); ``knee`` picks the most rows whose pass costs at most
+``TOLERANCE`` x a one-row pass. ``specdec.trees.fit_trees`` then cuts a batch's trees so they fill no more such
+tiles than chains would.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# the rows tried (a pass of R rows: R - 1 drafts and the bonus row), and the history they are verified after
+CANDIDATE_ROWS = (16, 32, 64, 128, 256)
+CONTEXT_TOKENS = 128
+ROWS_PER_SEQUENCE = 16  # a scratch sequence's rows per pass (15 drafts and the bonus row)
+TOLERANCE = 1.2  # a pass "costs about one row's" while it costs at most this x a one-row pass
+SCRATCH_ID = "specdec-pass-cost-scratch"
+
+
+def knee(costs: dict[int, float], tolerance: float = TOLERANCE) -> int:
+    """The most rows whose measured pass costs at most ``tolerance`` x the one-row pass (``costs[1]``); rows past
+    a count that costs more are not taken even if they measure cheaper again (noise). At least 1."""
+    base = costs[1]
+    best = 1
+    for rows in sorted(r for r in costs if r > 1):
+        if costs[rows] > tolerance * base:
+            break
+        best = rows
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_pass_costs(worker: Any, rows: tuple[int, ...] = CANDIDATE_ROWS, reps: int = 3,
+                       context: int = CONTEXT_TOKENS) -> dict[int, float]:
+    """Seconds per verify pass of 1 and each of ``rows`` rows (the median of ``reps`` after one warm-up): a pass of
+    R rows verifies ceil(R / ROWS_PER_SEQUENCE) scratch sequences of ``context`` tokens, the rows shared among them
+    (a proposal holds at most MAX_NUM_SPECULATIVE_TOKENS drafts, and a batch is how a pass gets many rows). The
+    scratch sequences are released afterwards. Row counts the target cannot hold are left out, and those above."""
+    from specdec.calls import VerifyCall
+    from specdec.proposal import Proposal
+    from specdec.sampling import SamplingParams
+
+    runner = worker.runner
+    device = torch.device(runner.lm.device)
+    params = SamplingParams(temperature=0)
+    context = max(2, min(context, runner.max_model_len // 2))
+    most = max((1, *rows))
+    ids = [f"{SCRATCH_ID}-{i}" for i in range(-(-most // ROWS_PER_SEQUENCE))]
+    histories = [[(i + j) % 100 + 1 for j in range(context)] for i in range(len(ids))]
+    costs: dict[int, float] = {}
+    try:
+        for n in (1, *rows):
+            seqs = -(-n // ROWS_PER_SEQUENCE)
+            shares = [n // seqs + (1 if i < n % seqs else 0) for i in range(seqs)]  # rows per sequence
+            times = []
+            while len(times) < reps + 1:
+                if any(len(histories[i]) + share > runner.max_model_len for i, share in enumerate(shares)):
+                    break
+                calls = [VerifyCall(ids[i], histories[i], Proposal([0] * (share - 1)), params)  # mostly rejected
+                         for i, share in enumerate(shares)]
+                _sync(device)
+                start = time.perf_counter()
+                results = _check(worker.verify_batch(calls))
+                _sync(device)
+                times.append(time.perf_counter() - start)
+                for i, (call, result) in enumerate(zip(calls, results)):
+                    histories[i] = histories[i] + result.emitted(call.proposal.draft_token_ids)
+            if len(times) < reps + 1:  # the target cannot hold this many rows after the histories
+                break
+            costs[n] = statistics.median(times[1:])
+    finally:
+        with runner.lock:
+            for sid in ids:
+                runner.release(sid)
+    return costs
+
+
+def _check(results: list) -> list:
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def measured_tile_rows(worker: Any) -> int:
+    """The rows a pass on this worker's device holds for about one row's cost (``knee`` of ``measure_pass_costs``),
+    logged with the costs measured."""
+    costs = measure_pass_costs(worker)
+    rows = knee(costs)
+    logger.info("token trees: a verify pass of up to %d rows costs about one row's on %s (measured, ms by rows: %s)",
+                rows, worker.runner.lm.device, ", ".join(f"{n}: {s * 1000:.2f}" for n, s in sorted(costs.items())))
+    return rows

@@ -1,0 +1,61 @@
+"""specdec/engine/pass_cost.py: the rows a verify pass holds for about one row's cost, measured where it is not
+known by construction (a GPU), from real passes over scratch sequences that leave nothing behind."""
+
+from __future__ import annotations
+
+import pytest
+
+import specdec.engine.workers as workers
+from specdec.engine import pass_cost
+from specdec.engine.pass_cost import knee, measure_pass_costs
+from specdec.engine.runner import ModelRunner
+from specdec.engine.workers import TargetWorker
+from specdec.proposal import Proposal
+from specdec.sampling import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("cached_model_loading")
+
+
+@pytest.mark.parametrize("costs, rows", [
+    ({1: 1.0, 16: 1.05, 32: 1.1, 64: 1.19, 128: 1.6, 256: 3.0}, 64),  # flat to 64 rows, then compute-bound
+    ({1: 1.0, 16: 1.0, 32: 1.5, 64: 1.1}, 16),  # a step at 32: 64 measuring cheaper again is noise, not a knee
+    ({1: 1.0, 16: 1.3}, 1),  # even 16 rows cost more: no room
+    ({1: 1.0}, 1),
+])
+def test_knee_is_the_most_rows_before_the_first_step(costs, rows):
+    assert knee(costs) == rows
+
+
+def test_knee_tolerance():
+    assert knee({1: 1.0, 16: 1.3, 32: 1.4}, tolerance=1.5) == 32
+
+
+def test_measured_passes_leave_no_sequence_behind(target_lm):
+    runner = ModelRunner(target_lm, 256, role="target")
+    worker = TargetWorker(runner)
+    before = runner.kv_stats()
+    costs = measure_pass_costs(worker, rows=(16, 32), reps=2, context=24)
+    assert set(costs) == {1, 16, 32} and all(c > 0 for c in costs.values())
+    assert not any(s.startswith(pass_cost.SCRATCH_ID) for s in runner.sequences)
+    assert runner.kv_stats().used_blocks == before.used_blocks == 0
+    # the worker still verifies as before
+    out = worker.verify("s", [1, 2, 3, 4], Proposal([5, 6]), SamplingParams(temperature=0))
+    assert out.num_accepted_tokens >= 0
+
+
+def test_rows_a_short_context_cannot_hold_are_left_out(target_lm):
+    worker = TargetWorker(ModelRunner(target_lm, 24, role="target"))
+    costs = measure_pass_costs(worker, rows=(16, 32), reps=1, context=12)
+    assert set(costs) == {1}  # a sequence's 12+ history tokens and 16 rows exceed max_model_len 24
+
+
+def test_a_device_without_a_known_tile_measures_its_own(target_lm, monkeypatch):
+    """On a GPU (no tile by construction) the worker measures the knee when it starts; here the CPU stands in."""
+    monkeypatch.setattr(workers, "tile_rows_of", lambda device, rows=0: rows or 0)
+    seen = []
+    monkeypatch.setattr(pass_cost, "measure_pass_costs", lambda worker: seen.append(worker) or
+                        {1: 1.0, 16: 1.0, 32: 1.05, 64: 2.0})
+    worker = TargetWorker(ModelRunner(target_lm, 256, role="target"))
+    assert seen == [worker] and worker.tree_tile_rows == 32
+    assert TargetWorker(ModelRunner(target_lm, 256, role="target"), tree_tile_rows=8).tree_tile_rows == 8
+    assert len(seen) == 1  # a tile given is not measured
