@@ -303,6 +303,9 @@ class HybridDraftWorker:
         # a lookup's tree expecting fewer accepted tokens than this (the sum of its nodes' probabilities) is merged
         # with the model's tree (``specdec.trees.merge``) where the model drafts trees; 0: never
         self.merge_below = merge_below if getattr(model_worker, "tree", None) is not None else 0.0
+        # rounds proposed since start, by drafter (specdec_hybrid_draft_rounds): the lookup's alone, the model's
+        # alone, or one tree of both
+        self.rounds = {"lookup": 0, "model": 0, "merged": 0}
 
     def _merges(self, call, result) -> bool:
         return (isinstance(result, Proposal) and bool(result.draft_token_ids) and result.node_probs is not None
@@ -340,10 +343,16 @@ class HybridDraftWorker:
             asked = [calls[i] if self.model_k is None or calls[i].num_speculative_tokens <= self.model_k
                      else replace(calls[i], num_speculative_tokens=self.model_k) for i in need]
             for i, r in zip(need, self.model.propose_batch(asked)):
-                results[i] = _merged(results[i], r, calls[i].num_speculative_tokens)
+                lookup = results[i]
+                results[i] = _merged(lookup, r, calls[i].num_speculative_tokens)
+                if isinstance(results[i], Proposal) and results[i].draft_token_ids:
+                    self.rounds["model" if not lookup.draft_token_ids else
+                                "merged" if r.draft_token_ids and r.node_probs is not None else "lookup"] += 1
+        drafted = set(need)
+        self.rounds["lookup"] += sum(1 for i, r in enumerate(results) if i not in drafted and isinstance(r, Proposal)
+                                     and r.draft_token_ids)
         absorb = getattr(self.model, "absorb", None)  # an EAGLE head: it takes the features of every round
         if absorb is not None:
-            drafted = set(need)
             rest = [i for i, r in enumerate(results) if i not in drafted and isinstance(r, Proposal)]
             for i, held in zip(rest, absorb([calls[i] for i in rest]) if rest else ()):
                 if isinstance(held, SpecDecError):

@@ -240,6 +240,8 @@ class Backend:
             self.metrics.track_scheduler(self._scheduler_stats)
         if isinstance(self.lookup, SuffixCache):
             self.metrics.track_suffix_cache(self.lookup)
+        if isinstance(self.worker, HybridDraftWorker):
+            self.metrics.track_hybrid_rounds(self.worker.rounds)
         set_build_info(self.role, cfg.model if self.lm is not None or self.head_info else self.model_free,
                        dtype=dtype_name(self.lm.dtype) if self.lm is not None else "",
                        device=str(self.lm.device) if self.lm is not None else "cpu",

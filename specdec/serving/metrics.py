@@ -110,6 +110,10 @@ SUFFIX_CACHED_REQUESTS = Gauge("specdec_suffix_cache_cached_requests", "Sequence
                                "global tree holds (bounded by suffix_decoding_max_cached_requests).", LABELS)
 SUFFIX_CACHE_BYTES = Gauge("specdec_suffix_cache_bytes", "The suffix-decoding global tree's estimated size in bytes "
                            "(read at scrape time).", LABELS)
+HYBRID_DRAFT_ROUNDS = Gauge("specdec_hybrid_draft_rounds", "Rounds a hybrid draft (a lookup before a draft model or "
+                            "EAGLE-3 head) proposed since start, by drafter: lookup (a suffix or n-gram match alone), "
+                            "model (the model alone), merged (one token tree of both: suffix_decoding_merge_score).",
+                            LABELS + ("drafter",))
 SUFFIX_CACHE_EVICTIONS = Gauge("specdec_suffix_cache_evicted_requests", "Sequences' outputs evicted from the "
                                "suffix-decoding global tree since start (oldest first).", LABELS)
 SEQUENCES_EXPIRED = Counter("specdec_sequences_expired", "Idle sequences released by the expiry "
@@ -466,6 +470,12 @@ class ServiceMetrics:
         SUFFIX_CACHED_REQUESTS.labels(*self.labels).set_function(cache.cached_requests)
         SUFFIX_CACHE_BYTES.labels(*self.labels).set_function(cache.memory_bytes)
         SUFFIX_CACHE_EVICTIONS.labels(*self.labels).set_function(lambda: cache.evicted)
+
+    def track_hybrid_rounds(self, rounds: dict[str, int]) -> None:
+        """A hybrid draft worker's rounds by drafter (its ``rounds`` dict, counted as it drafts), read at every
+        scrape."""
+        for drafter in rounds:
+            HYBRID_DRAFT_ROUNDS.labels(*self.labels, drafter).set_function(lambda d=drafter: rounds[d])
 
     def track_kv_cache(self, kv_stats: Callable[[], Any]) -> None:
         """Expose the KV pool's series from ``kv_stats()`` (a runner's KVStats) at every scrape."""

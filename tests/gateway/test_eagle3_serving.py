@@ -13,7 +13,7 @@ from specdec.entrypoints.serve import ServeConfig, start_stack
 from specdec.serving import metrics as M
 from specdec.v1 import (common_pb2, draft_service_pb2_grpc, generation_service_pb2_grpc, target_service_pb2,
                         target_service_pb2_grpc)
-from tests.metrics_helpers import delta, parse
+from tests.metrics_helpers import delta, parse, total
 from tests.service_processes import ServiceProcess
 from tests.services_conftest_helpers import collect, generate, generate_request, hooked, run_in_thread
 
@@ -94,14 +94,17 @@ def test_served_eagle3_trees_are_the_target_alone(target_dir, eagle3_head_dir, e
 
 
 @pytest.mark.heavy
-def test_served_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, eagle3_prompts, target_llm):
+@pytest.mark.parametrize("merge_score", [0.0, 100.0])
+def test_served_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, eagle3_prompts, target_llm, merge_score):
     """enable_suffix_decoding across services: the draft service's suffix trees propose where they match (each
     prompt is sent twice: the global tree holds the first answer), the head elsewhere; the head takes every round's
     features either way, so each position's features cross the wire about once; the output is the target's
-    alone."""
+    alone. With suffix_decoding_merge_score the suffix trees share their rounds with the head's (merged trees), and
+    /metrics counts the rounds by drafter."""
     spec = {"method": "eagle3", "model": str(eagle3_head_dir), "num_speculative_tokens": 8,
             "enable_suffix_decoding": True, "draft_model_num_speculative_tokens": 3,
-            "speculative_token_tree": "dynamic", "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 10}
+            "speculative_token_tree": "dynamic", "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 10,
+            "suffix_decoding_merge_score": merge_score}
     stack = start_stack(ServeConfig(model=str(target_dir), host="127.0.0.1", grpc_port=0, port=-1, dtype="float32",
                                     speculative_config=json.dumps(spec)))
     try:
@@ -130,7 +133,14 @@ def test_served_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, eag
                 assert out.token_ids == ref
                 accepted.append(out.last.stats.num_accepted_tokens)
             after = parse(M.exposition().decode())
-        assert rounds["head"] > 0 and rounds["suffix"] > 0 and sum(accepted) > 0, (rounds, accepted)
+        by_drafter = {d: total(after, "specdec_hybrid_draft_rounds", service="draft", drafter=d,
+                               model_name=str(eagle3_head_dir)) for d in ("lookup", "model", "merged")}
+        assert by_drafter == stack.draft.backend.worker.rounds and by_drafter["model"] > 0, by_drafter
+        if merge_score:  # every suffix round merged: the head drafted each round, and took its features so
+            assert rounds["head"] > by_drafter["model"] and by_drafter["merged"] > 0, (rounds, by_drafter)
+        else:
+            assert rounds["suffix"] > 0 and by_drafter["lookup"] > 0 and by_drafter["merged"] == 0, by_drafter
+        assert rounds["head"] > 0 and sum(accepted) > 0, (rounds, accepted)
         relayed = delta(after, before, "specdec_feature_bytes_total", service="gateway", model_name=str(target_dir))
         positions = 2 * sum(len(p) + N for p in prompts)
         assert 0 < relayed <= 1.5 * positions * 3 * 64 * 2, (relayed, positions)
