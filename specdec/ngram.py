@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec.calls import ProposeCall, until_finished
+from specdec.calls import UNFINISHED, ProposeCall, until_finished
 from specdec.config import DYNAMIC, check_lookup
 from specdec.drafting_state import DraftingState
 from specdec.errors import InvalidRequestError, ResourceExhaustedError, SequenceNotFoundError, SpecDecError
@@ -308,8 +308,13 @@ class HybridDraftWorker:
         self.rounds = {"lookup": 0, "model": 0, "merged": 0}
 
     def _merges(self, call, result) -> bool:
-        return (isinstance(result, Proposal) and bool(result.draft_token_ids) and result.node_probs is not None
-                and sum(result.node_probs) < self.merge_below)
+        """Whether this round's lookup tree is weak enough to share the round with the model's tree (a sampled
+        request that the model drafts probabilistically gets a chain without node estimates: not merged)."""
+        if not (isinstance(result, Proposal) and result.draft_token_ids and result.node_probs is not None
+                and sum(result.node_probs) < self.merge_below):
+            return False
+        method = call.draft_sample_method or getattr(self.model, "draft_sample_method", "greedy")
+        return method != "probabilistic" or call.params.greedy
 
     def propose(self, sequence_id: str, token_ids: list[int], num_speculative_tokens: int, params: Any) -> Proposal:
         result = until_finished(self.propose_batch, ProposeCall(sequence_id, token_ids, num_speculative_tokens, params))
@@ -346,8 +351,8 @@ class HybridDraftWorker:
                 lookup = results[i]
                 results[i] = _merged(lookup, r, calls[i].num_speculative_tokens)
                 if isinstance(results[i], Proposal) and results[i].draft_token_ids:
-                    self.rounds["model" if not lookup.draft_token_ids else
-                                "merged" if r.draft_token_ids and r.node_probs is not None else "lookup"] += 1
+                    self.rounds["model" if not lookup.draft_token_ids else "merged" if isinstance(r, Proposal)
+                                and r.draft_token_ids and r.node_probs is not None else "lookup"] += 1
         drafted = set(need)
         self.rounds["lookup"] += sum(1 for i, r in enumerate(results) if i not in drafted and isinstance(r, Proposal)
                                      and r.draft_token_ids)
@@ -365,11 +370,15 @@ class HybridDraftWorker:
         self.model.release(sequence_id)
 
 
-def _merged(lookup: Proposal, model: Proposal | SpecDecError, k: int) -> Proposal | SpecDecError:
-    """The model's proposal where the lookup proposed nothing; else one tree of both (``trees.merge``, k nodes at
-    most), or the lookup's where the model's has no node estimates (a sampled chain)."""
-    if not lookup.draft_token_ids or isinstance(model, SpecDecError):
+def _merged(lookup: Proposal, model: Any, k: int) -> Any:
+    """The model's result where the lookup proposed nothing (a proposal, an error, or UNFINISHED: its prompt is
+    still being fed); else one tree of both (``trees.merge``, k nodes at most). UNFINISHED passes through (the call
+    comes again); where the model failed or has nothing to add (no drafts, no node estimates), the lookup's proposal
+    stands, as on a round the model sat out."""
+    if not lookup.draft_token_ids or model is UNFINISHED:
         return model
+    if not isinstance(model, Proposal):
+        return lookup  # (an EAGLE head that failed holds no feature of this round: features_from stays unset)
     if not model.draft_token_ids or model.node_probs is None:
         return replace(lookup, features_from=model.features_from)
     tokens, parents, probs = merge([(lookup.draft_token_ids, lookup.parents, lookup.node_probs),

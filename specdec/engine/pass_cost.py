@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from specdec.calls import UNFINISHED
+
 logger = logging.getLogger(__name__)
 
 # the rows tried (a pass of R rows: R - 1 drafts and the bonus row), and the history they are verified after
@@ -29,6 +31,7 @@ CONTEXT_TOKENS = 128
 ROWS_PER_SEQUENCE = 16  # a scratch sequence's rows per pass (15 drafts and the bonus row)
 TOLERANCE = 1.2  # a pass "costs about one row's" while it costs at most this x a one-row pass
 SCRATCH_ID = "specdec-pass-cost-scratch"
+FALLBACK_TILE_ROWS = 64  # where the measurement fails
 
 
 def knee(costs: dict[int, float], tolerance: float = TOLERANCE) -> int:
@@ -44,17 +47,24 @@ def knee(costs: dict[int, float], tolerance: float = TOLERANCE) -> int:
 
 
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    """Wait for the device's queued work (CUDA and any other accelerator torch drives asynchronously)."""
+    if device.type == "cpu":
+        return
+    backend = getattr(torch, device.type, None)
+    if backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize(device)
 
 
 def measure_pass_costs(worker: Any, rows: tuple[int, ...] = CANDIDATE_ROWS, reps: int = 3,
                        context: int = CONTEXT_TOKENS) -> dict[int, float]:
     """Seconds per verify pass of 1 and each of ``rows`` rows (the median of ``reps`` after one warm-up): a pass of
     R rows verifies ceil(R / ROWS_PER_SEQUENCE) scratch sequences of ``context`` tokens, the rows shared among them
-    (a proposal holds at most MAX_NUM_SPECULATIVE_TOKENS drafts, and a batch is how a pass gets many rows). The
-    scratch sequences are released afterwards. Row counts the target cannot hold are left out, and those above."""
-    from specdec.calls import VerifyCall
+    (a proposal holds at most MAX_NUM_SPECULATIVE_TOKENS drafts, and a batch is how a pass gets many rows). Each
+    sequence is prefilled first, untimed; every timed pass verifies the same history (the target rolls back what it
+    accepted), so the context does not drift. Row counts past the scheduler's per-pass budget
+    (max_num_batched_tokens) or the target's max_model_len are left out, and those above them. The scratch sequences
+    are released afterwards (their blocks may stay in the prefix cache, as any finished sequence's)."""
+    from specdec.calls import VerifyCall, until_finished
     from specdec.proposal import Proposal
     from specdec.sampling import SamplingParams
 
@@ -62,29 +72,31 @@ def measure_pass_costs(worker: Any, rows: tuple[int, ...] = CANDIDATE_ROWS, reps
     device = torch.device(runner.lm.device)
     params = SamplingParams(temperature=0)
     context = max(2, min(context, runner.max_model_len // 2))
-    most = max((1, *rows))
-    ids = [f"{SCRATCH_ID}-{i}" for i in range(-(-most // ROWS_PER_SEQUENCE))]
+    budget = runner.scheduler.max_num_batched_tokens
+    ids = [f"{SCRATCH_ID}-{i}" for i in range(-(-max((1, *rows)) // ROWS_PER_SEQUENCE))]
     histories = [[(i + j) % 100 + 1 for j in range(context)] for i in range(len(ids))]
+    prefilled = 0
     costs: dict[int, float] = {}
     try:
         for n in (1, *rows):
             seqs = -(-n // ROWS_PER_SEQUENCE)
             shares = [n // seqs + (1 if i < n % seqs else 0) for i in range(seqs)]  # rows per sequence
+            if n > budget or context + max(shares) > runner.max_model_len:
+                break
+            for i in range(prefilled, seqs):  # the new scratch sequences' prompts, untimed (chunked if need be)
+                _check([until_finished(worker.verify_batch, VerifyCall(ids[i], histories[i], Proposal([]), params))])
+            prefilled = max(prefilled, seqs)
+            calls = [VerifyCall(ids[i], histories[i], Proposal([0] * (share - 1)), params)
+                     for i, share in enumerate(shares)]
             times = []
-            while len(times) < reps + 1:
-                if any(len(histories[i]) + share > runner.max_model_len for i, share in enumerate(shares)):
-                    break
-                calls = [VerifyCall(ids[i], histories[i], Proposal([0] * (share - 1)), params)  # mostly rejected
-                         for i, share in enumerate(shares)]
+            for _ in range(reps + 1):
                 _sync(device)
                 start = time.perf_counter()
                 results = _check(worker.verify_batch(calls))
                 _sync(device)
                 times.append(time.perf_counter() - start)
-                for i, (call, result) in enumerate(zip(calls, results)):
-                    histories[i] = histories[i] + result.emitted(call.proposal.draft_token_ids)
-            if len(times) < reps + 1:  # the target cannot hold this many rows after the histories
-                break
+                if any(r is UNFINISHED for r in results):  # the pass was split: it is not one pass of n rows
+                    raise RuntimeError(f"a {n}-row verify pass was split by the scheduler")
             costs[n] = statistics.median(times[1:])
     finally:
         with runner.lock:
@@ -102,8 +114,14 @@ def _check(results: list) -> list:
 
 def measured_tile_rows(worker: Any) -> int:
     """The rows a pass on this worker's device holds for about one row's cost (``knee`` of ``measure_pass_costs``),
-    logged with the costs measured."""
-    costs = measure_pass_costs(worker)
+    logged with the costs measured; FALLBACK_TILE_ROWS (said in a warning) where the measurement fails."""
+    try:
+        costs = measure_pass_costs(worker)
+    except Exception as exc:  # a start-up measurement must not stop the service: trees then cut by the fallback
+        logger.warning("token trees: could not measure the verify pass's cost by rows on %s (%s); cutting trees to "
+                       "%d-row tiles (set --tree-tile-rows to choose)", worker.runner.lm.device, exc,
+                       FALLBACK_TILE_ROWS)
+        return FALLBACK_TILE_ROWS
     rows = knee(costs)
     logger.info("token trees: a verify pass of up to %d rows costs about one row's on %s (measured, ms by rows: %s)",
                 rows, worker.runner.lm.device, ", ".join(f"{n}: {s * 1000:.2f}" for n, s in sorted(costs.items())))

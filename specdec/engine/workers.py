@@ -137,7 +137,8 @@ class DraftWorker:
                                        restrict=tli.restrict if tli is not None else None)
                     for j, proposal in zip(grown, trees):  # (TLI: each node's draft id as its target id)
                         results[rows[j][0]] = proposal if tli is None else Proposal(
-                            [tli.to_target(t) for t in proposal.draft_token_ids], parents=proposal.parents)
+                            [tli.to_target(t) for t in proposal.draft_token_ids], parents=proposal.parents,
+                            node_probs=proposal.node_probs)
                     logits = [lg for j, lg in enumerate(logits) if j not in grown]
                     active = [j for j in active if j not in grown]
                     for j in active:  # a chain row the trees' passes preempted proposes nothing (resent next round)

@@ -14,6 +14,7 @@ from specdec import LLM, SamplingParams
 from specdec.config import SpeculativeConfig
 from specdec.errors import ConfigError
 from specdec.ngram import NgramIndex, NgramIndexes, NgramStore, NgramWorker, merge_branches
+from specdec.proposal import Proposal
 from specdec.trees import check_parents
 from tests.broken_samplers import accept_always, rowwise
 from tests.first_token_chi2 import first_token_pvalue, target_first_token
@@ -198,3 +199,81 @@ def test_ngram_sampling_follows_the_target_and_a_broken_rule_is_caught(target_di
         return
     monkeypatch.setattr(specdec.engine.workers, "accept_batch", rowwise(accept_always))
     assert first_token_pvalue(llm, prompt, params, p, support, chi2_pvalue) < 1e-3
+
+
+class _FixedIndex:
+    """A lookup index that proposes one fixed tree (with node estimates) whatever the history."""
+
+    def __init__(self, proposal):
+        self.tokens, self._proposal = [], proposal
+
+    def sync(self, token_ids):
+        self.tokens = list(token_ids)
+
+    def proposal(self, k):
+        return self._proposal.truncated(k)
+
+
+class _FakeModel:
+    """A hybrid's model worker: answers each call with the next of ``answers``; records the calls."""
+
+    def __init__(self, answers, method="greedy"):
+        import threading
+        from types import SimpleNamespace
+
+        from specdec.config import TreeShape
+
+        state = SimpleNamespace(lookup_index=None, held_target_ids=None)
+        self.runner = SimpleNamespace(lock=threading.RLock(),
+                                      get_or_create=lambda *a: SimpleNamespace(state=state))
+        self.tli, self.tree, self.draft_sample_method = None, TreeShape(), method
+        self.answers, self.calls = list(answers), []
+
+    def propose_batch(self, calls):
+        self.calls += calls
+        return [self.answers.pop(0) for _ in calls]
+
+
+def _hybrid(model, lookup):
+    from specdec.ngram import HybridDraftWorker
+
+    return HybridDraftWorker(model, lambda: _FixedIndex(lookup), model_k=3, merge_below=5.0)
+
+
+def _call(params=None, method=None):
+    from specdec.calls import ProposeCall
+
+    return ProposeCall("s", [1, 2, 3], 8, params or SamplingParams(temperature=0), draft_sample_method=method)
+
+
+WEAK = Proposal([7, 8], parents=None, node_probs=[0.6, 0.3])  # a suffix chain expecting 0.9 tokens
+
+
+def test_a_weak_lookup_merges_with_the_models_tree():
+    model = _FakeModel([Proposal([7, 9], parents=[-1, -1], node_probs=[0.5, 0.4], features_from=3)])
+    (out,) = _hybrid(model, WEAK).propose_batch([_call()])
+    assert out.draft_token_ids == [7, 9, 8] and out.parents == [-1, -1, 0] and out.features_from == 3
+    hybrid = _hybrid(_FakeModel([]), Proposal([7, 8, 9, 10, 11, 12], node_probs=[1.0] * 6))  # expects 6: alone
+    assert hybrid.propose_batch([_call()])[0].draft_token_ids == [7, 8, 9, 10, 11, 12] and not hybrid.model.calls
+    assert hybrid.rounds == {"lookup": 1, "model": 0, "merged": 0}
+
+
+def test_a_merged_round_passes_unfinished_on_and_keeps_the_lookup_when_the_model_fails():
+    from specdec.calls import UNFINISHED
+    from specdec.errors import InvalidRequestError
+
+    assert _hybrid(_FakeModel([UNFINISHED]), WEAK).propose_batch([_call()]) == [UNFINISHED]  # the call comes again
+    hybrid = _hybrid(_FakeModel([InvalidRequestError("too long")]), WEAK)
+    (out,) = hybrid.propose_batch([_call()])
+    assert out.draft_token_ids == [7, 8] and out.features_from is None  # as a round the model sat out
+    assert hybrid.rounds == {"lookup": 1, "model": 0, "merged": 0}
+    (out,) = _hybrid(_FakeModel([Proposal([4, 5], features_from=2)]), WEAK).propose_batch([_call()])
+    assert out.draft_token_ids == [7, 8] and out.features_from == 2  # a chain without estimates: nothing to merge
+
+
+def test_sampled_requests_drafted_probabilistically_are_not_merged():
+    sampled = SamplingParams(temperature=0.8, seed=1)
+    model = _FakeModel([], method="probabilistic")
+    assert _hybrid(model, WEAK).propose_batch([_call(sampled)])[0].draft_token_ids == [7, 8] and not model.calls
+    model = _FakeModel([Proposal([9], parents=[-1], node_probs=[0.5])])  # greedy drafting: trees, merged
+    assert _hybrid(model, WEAK).propose_batch([_call(sampled, method="greedy")])[0].draft_token_ids == [7, 9, 8]

@@ -43,6 +43,32 @@ def test_measured_passes_leave_no_sequence_behind(target_lm):
     assert out.num_accepted_tokens >= 0
 
 
+def test_the_default_measurement_runs_whole_passes_on_a_fixed_history(target_lm):
+    """The defaults (128-token histories, up to 256 rows over 16 scratch sequences, the default per-pass budget): the
+    prompts are fed first, untimed and in chunks, and each timed pass is one pass; nothing stays behind."""
+    runner = ModelRunner(target_lm, 1024, role="target")
+    worker = TargetWorker(runner)
+    costs = measure_pass_costs(worker, reps=1)
+    assert set(costs) == {1, *pass_cost.CANDIDATE_ROWS}, costs
+    assert runner.kv_stats().used_blocks == 0 and not runner.sequences
+
+
+def test_rows_past_the_pass_budget_are_left_out(target_lm):
+    worker = TargetWorker(ModelRunner(target_lm, 512, role="target", max_num_batched_tokens=48))
+    assert set(measure_pass_costs(worker, rows=(16, 32, 64), reps=1, context=40)) == {1, 16, 32}
+
+
+def test_a_failed_measurement_falls_back_and_says_so(target_lm, monkeypatch, caplog):
+    def broken(worker):
+        raise RuntimeError("no such pass")
+
+    monkeypatch.setattr(pass_cost, "measure_pass_costs", broken)
+    worker = TargetWorker(ModelRunner(target_lm, 256, role="target"))
+    with caplog.at_level("WARNING"):
+        assert pass_cost.measured_tile_rows(worker) == pass_cost.FALLBACK_TILE_ROWS
+    assert "could not measure" in caplog.text and "--tree-tile-rows" in caplog.text
+
+
 def test_rows_a_short_context_cannot_hold_are_left_out(target_lm):
     worker = TargetWorker(ModelRunner(target_lm, 24, role="target"))
     costs = measure_pass_costs(worker, rows=(16, 32), reps=1, context=12)
