@@ -14,7 +14,7 @@ Side by side in one run, greedy, the same target (default: the embedded ``smollm
   * n-gram lookup, as chains and as trees;
   * the default before the EAGLE-3 head (suffix decoding before the draft model: ``draft_model_pair_config``), as
     chains and with trees (the draft model's rounds: its top-4 candidates per expanded node);
-  * the shipped default with trees, unmerged (``suffix_decoding_merge_score`` 0: a suffix tree proposes alone, as
+  * the shipped default with unmerged trees (``suffix_decoding_merge_score`` 0: a suffix tree proposes alone, as
     before 2026-12-07, where the default merges a suffix tree expecting fewer than 6 tokens with the head's).
 
 Workloads, in this order:
@@ -130,8 +130,8 @@ def setups(args) -> dict[str, dict | None]:
              f"n-gram k={args.ngram_k} trees": {**ngram, "speculative_token_tree": "dynamic"},
              "suffix + draft model (chains)": pair,
              "suffix + draft model trees": {**pair, "speculative_token_tree": "dynamic"},
-             "shipped default with trees, unmerged": {**default, "speculative_token_tree": "dynamic",
-                                                      "suffix_decoding_merge_score": 0.0}}
+             "shipped default, unmerged trees": {**default, "speculative_token_tree": "dynamic",
+                                                 "suffix_decoding_merge_score": 0.0}}
     if not args.setups:
         return every
     wanted = [w.strip() for w in args.setups.split(",") if w.strip()]

@@ -671,7 +671,8 @@ def test_smoke_eagle3(tmp_path):
 
 TREES_SETUPS = ["target alone", "suffix k<=8 chains", "suffix k<=8 trees", "shipped default (chains)",
                 "shipped default with trees", "draft model k=3 chains", "draft model k=3 trees", "n-gram k=8 chains",
-                "n-gram k=8 trees", "suffix + draft model (chains)", "suffix + draft model trees"]
+                "n-gram k=8 trees", "suffix + draft model (chains)", "suffix + draft model trees",
+                "shipped default, unmerged trees"]
 TREES = Expected(
     "bench_trees.py", ["setup", "workload", "tokens/s", "speedup", "decode speedup", "tokens/pass", "mean draft", "acceptance",
                        "identical"],
@@ -693,6 +694,9 @@ def test_smoke_trees(tmp_path):
                                                      "shipped default with trees", "suffix + draft model trees"}
     assert data["setups"]["shipped default with trees"]["method"] == "eagle3"  # suffix decoding before the head
     assert data["setups"]["suffix + draft model trees"]["method"] == "suffix"
+    # the default merges weak suffix trees with the head's; its unmerged row (not streamed) does not
+    assert data["setups"]["shipped default with trees"]["suffix_decoding_merge_score"] > 0
+    assert data["setups"]["shipped default, unmerged trees"]["suffix_decoding_merge_score"] == 0
     # the agent requests come in pairs: each one re-issued with a small change
     agent = data["messages"]["agent"]
     assert len(agent) == 4 and agent[0] != agent[1] and agent[0][:40] == agent[1][:40]

@@ -165,6 +165,7 @@ def test_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, alone, eag
         sum(o.spec_decode_stats.num_accepted_tokens for o in out[:3])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
                                     SamplingParams(temperature=0.8, seed=7, max_tokens=40, ignore_eos=True)],
                          ids=["greedy", "seeded"])
