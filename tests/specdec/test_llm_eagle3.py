@@ -128,6 +128,7 @@ def test_head_trees_are_the_targets_and_verify_more_per_pass(target_dir, eagle3_
         assert per_pass[1] >= per_pass[0], per_pass
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("tree, min_score", [(None, 0.0), ("dynamic", 0.0), ("dynamic", 1.0)])
 def test_suffix_decoding_before_the_head(target_dir, eagle3_head_dir, alone, eagle3_prompts, tree, min_score):
     """enable_suffix_decoding (ArcticInference's key): a suffix match proposes (with suffix_decoding_min_score, one
