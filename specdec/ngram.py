@@ -348,11 +348,9 @@ class HybridDraftWorker:
             asked = [calls[i] if self.model_k is None or calls[i].num_speculative_tokens <= self.model_k
                      else replace(calls[i], num_speculative_tokens=self.model_k) for i in need]
             for i, r in zip(need, self.model.propose_batch(asked)):
-                lookup = results[i]
-                results[i] = _merged(lookup, r, calls[i].num_speculative_tokens)
+                results[i], drafter = _merged(results[i], r, calls[i].num_speculative_tokens)
                 if isinstance(results[i], Proposal) and results[i].draft_token_ids:
-                    self.rounds["model" if not lookup.draft_token_ids else "merged" if isinstance(r, Proposal)
-                                and r.draft_token_ids and r.node_probs is not None else "lookup"] += 1
+                    self.rounds[drafter] += 1
         drafted = set(need)
         self.rounds["lookup"] += sum(1 for i, r in enumerate(results) if i not in drafted and isinstance(r, Proposal)
                                      and r.draft_token_ids)
@@ -370,21 +368,22 @@ class HybridDraftWorker:
         self.model.release(sequence_id)
 
 
-def _merged(lookup: Proposal, model: Any, k: int) -> Any:
-    """The model's result where the lookup proposed nothing (a proposal, an error, or UNFINISHED: its prompt is
-    still being fed); else one tree of both (``trees.merge``, k nodes at most). UNFINISHED passes through (the call
-    comes again); where the model failed or has nothing to add (no drafts, no node estimates), the lookup's proposal
-    stands, as on a round the model sat out."""
+def _merged(lookup: Proposal, model: Any, k: int) -> tuple[Any, str]:
+    """(The round's result, who drafted it: "model", "lookup" or "merged"). The model's result where the lookup
+    proposed nothing (a proposal, an error, or UNFINISHED: its prompt is still being fed); else one tree of both
+    (``trees.merge``, k nodes at most). UNFINISHED passes through (the call comes again); where the model failed or
+    has nothing to add (no drafts, no node estimates), the lookup's proposal stands, as on a round the model sat
+    out."""
     if not lookup.draft_token_ids or model is UNFINISHED:
-        return model
+        return model, "model"
     if not isinstance(model, Proposal):
-        return lookup  # (an EAGLE head that failed holds no feature of this round: features_from stays unset)
+        return lookup, "lookup"  # (an EAGLE head that failed holds no feature of this round: features_from unset)
     if not model.draft_token_ids or model.node_probs is None:
-        return replace(lookup, features_from=model.features_from)
+        return replace(lookup, features_from=model.features_from), "lookup"
     tokens, parents, probs = merge([(lookup.draft_token_ids, lookup.parents, lookup.node_probs),
                                     (model.draft_token_ids, model.parents, model.node_probs)], k)
     return Proposal(tokens, parents=None if is_chain(parents) else parents, node_probs=probs,
-                    features_from=model.features_from)
+                    features_from=model.features_from), "merged"
 
 
 def lookup_indexes(spec: Any) -> Any:

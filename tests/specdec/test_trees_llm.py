@@ -77,6 +77,15 @@ def test_token_tree_config_is_checked(target_dir):
                                                  "speculative_token_tree": "[(0,), (1,)]"})
 
 
+def _greedy_and_seeded_are_the_target_alone(target_dir, llm):
+    alone = LLM(str(target_dir), dtype="float32")
+    for params in (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                   SamplingParams(temperature=0.9, seed=3, max_tokens=20, ignore_eos=True)):
+        refs = alone.generate(PROMPTS, params)
+        for prompt, ref in zip(PROMPTS, refs):
+            assert llm.generate([prompt], params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
+
+
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
      "speculative_token_tree": "dynamic"},
@@ -89,12 +98,7 @@ def test_ngram_trees_are_the_target_alone(target_dir, good_draft_dir, spec):
     spec = {**spec, "model": str(good_draft_dir)} if "model" in spec else spec
     llm = LLM(str(target_dir), dtype="float32", speculative_config=spec)
     seen = _recording(llm)
-    alone = LLM(str(target_dir), dtype="float32")
-    for params in (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
-                   SamplingParams(temperature=0.9, seed=3, max_tokens=20, ignore_eos=True)):
-        refs = alone.generate(PROMPTS, params)
-        for prompt, ref in zip(PROMPTS, refs):
-            assert llm.generate([prompt], params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
+    _greedy_and_seeded_are_the_target_alone(target_dir, llm)
     assert seen, "no round proposed a tree"
 
 
@@ -110,11 +114,6 @@ def test_suffix_trees_merged_with_the_draft_models_are_the_target_alone(target_d
         **TREE, "model": str(good_draft_dir), "draft_model_num_speculative_tokens": 2,
         "suffix_decoding_merge_score": 100.0})
     seen = _recording(llm)
-    alone = LLM(str(target_dir), dtype="float32")
-    for params in (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
-                   SamplingParams(temperature=0.9, seed=3, max_tokens=20, ignore_eos=True)):
-        refs = alone.generate(PROMPTS, params)
-        for prompt, ref in zip(PROMPTS, refs):
-            assert llm.generate([prompt], params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
+    _greedy_and_seeded_are_the_target_alone(target_dir, llm)
     assert merged and seen
     assert all(model[2] for _, model in merged)  # the model's nodes came with their estimates

@@ -38,9 +38,11 @@ def test_measured_passes_leave_no_sequence_behind(target_lm):
     assert set(costs) == {1, 16, 32} and all(c > 0 for c in costs.values())
     assert not any(s.startswith(pass_cost.SCRATCH_ID) for s in runner.sequences)
     assert runner.kv_stats().used_blocks == before.used_blocks == 0
-    # the worker still verifies as before
-    out = worker.verify("s", [1, 2, 3, 4], Proposal([5, 6]), SamplingParams(temperature=0))
-    assert out.num_accepted_tokens >= 0
+    # the worker verifies as a fresh one does
+    call = ("s", [1, 2, 3, 4], Proposal([5, 6]), SamplingParams(temperature=0))
+    fresh = TargetWorker(ModelRunner(target_lm, 256, role="target")).verify(*call)
+    out = worker.verify(*call)
+    assert (out.num_accepted_tokens, out.next_token_id) == (fresh.num_accepted_tokens, fresh.next_token_id)
 
 
 def test_the_default_measurement_runs_whole_passes_on_a_fixed_history(target_lm):
