@@ -80,6 +80,7 @@ class Eagle3Head(nn.Module):
         self.post_attention_layernorm = nn.Parameter(torch.ones(h))
         self.norm = nn.Parameter(torch.ones(h))
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        self._fused_sizes: dict[str, list[int]] = {}  # quantize's fused products: their parts' output sizes
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)  # the target's (frozen in training)
@@ -101,20 +102,42 @@ class Eagle3Head(nn.Module):
         return torch.where((wavelen >= old / high) & (wavelen <= old / low), mid, scaled)
 
     LINEARS = ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+    FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
     def quantize(self, kind: str = "int8") -> "Eagle3Head":
         """Inference only: every product as a W8A8 ``QuantLinear`` (``specdec.engine.quant``; int8, or fp8 on CUDA).
         A one-row drafting step reads each weight once, so its cost follows their bytes: int8 reads a quarter of
         fp32's (``benchmarks/bench_eagle3.py --head-quantization``). The drafts may differ from the float head's
-        where two candidates nearly tie; the target's verification keeps the output exact either way."""
+        where two candidates nearly tie; the target's verification keeps the output exact either way.
+
+        The products that read the same input become one (``FUSED``: q, k and v; gate and up): each output column
+        keeps its own weight scale and the input its one scale, so the outputs are those of the separate products,
+        for one call in place of three (two). A drafting step's products are a few rows each, so a call's fixed
+        cost is most of theirs."""
         from specdec.engine.quant import QuantLinear
 
+        for fused, parts in self.FUSED.items():
+            linears = [getattr(self, name) for name in parts]
+            if all(isinstance(linear, nn.Linear) for linear in linears):
+                weight = torch.cat([linear.weight.detach() for linear in linears])
+                object.__setattr__(self, fused, QuantLinear(weight, kind=kind))
+                self._fused_sizes[fused] = [linear.out_features for linear in linears]
+                for name in parts:
+                    del self._modules[name]
+                    object.__setattr__(self, name, None)  # (read through the fused product only)
         for name in self.LINEARS:
             linear = getattr(self, name)
             if isinstance(linear, nn.Linear):
                 del self._modules[name]
                 object.__setattr__(self, name, QuantLinear(linear.weight.detach(), kind=kind))
         return self
+
+    def _products(self, name: str, x: torch.Tensor) -> list[torch.Tensor]:
+        """The outputs of ``FUSED[name]``'s products of x: by the fused product where ``quantize`` made one."""
+        fused = self.__dict__.get(name)
+        if fused is None:
+            return [getattr(self, part)(x) for part in self.FUSED[name]]
+        return list(fused(x).split(self._fused_sizes[name], dim=-1))
 
     # -- vocabulary -------------------------------------------------------------------------------
     def target_ids(self) -> torch.Tensor:
@@ -150,9 +173,10 @@ class Eagle3Head(nn.Module):
         x = torch.cat([_rms(self.embed_tokens(ids).to(hidden.dtype), self.input_layernorm, eps),
                        _rms(hidden, self.hidden_norm, eps)], dim=-1)
         n, d = ids.shape[0], cfg.dim
-        q = self.q_proj(x).view(n, cfg.num_attention_heads, d).transpose(0, 1)
-        k = self.k_proj(x).view(n, cfg.num_key_value_heads, d).transpose(0, 1)
-        v = self.v_proj(x).view(n, cfg.num_key_value_heads, d).transpose(0, 1)
+        q, k, v = self._products("qkv_proj", x)
+        q = q.reshape(n, cfg.num_attention_heads, d).transpose(0, 1)
+        k = k.reshape(n, cfg.num_key_value_heads, d).transpose(0, 1)
+        v = v.reshape(n, cfg.num_key_value_heads, d).transpose(0, 1)
         cos, sin = self._rope(positions, q.dtype)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
@@ -161,7 +185,8 @@ class Eagle3Head(nn.Module):
         eps = self.cfg.rms_norm_eps
         h = hidden + self.o_proj(attn)
         x = _rms(h, self.post_attention_layernorm, eps)
-        h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self._products("gate_up_proj", x)
+        h = h + self.down_proj(F.silu(gate) * up)
         return self.lm_head(_rms(h, self.norm, eps)), h
 
     def step(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,

@@ -277,20 +277,30 @@ class Eagle3Worker:
                 depth[n] = depth[tree.parents[n]] + 1
             mask = torch.zeros(len(expand), past + len(fed) + len(expand), dtype=torch.bool, device=device)
             mask[:, :past] = True
+            where = {node: past + i for i, node in enumerate(fed + expand)}  # each node's cache entry
+            rows_at, cols_at = [], []
             for j, n in enumerate(expand):
                 node = n
                 while node >= 0:  # its path: itself (fed now) and its ancestors (fed before)
-                    mask[j, past + (len(fed) + j if node == n else fed.index(node))] = True
+                    rows_at.append(j)
+                    cols_at.append(where[node])
                     node = tree.parents[node]
+            mask[rows_at, cols_at] = True
             ids = torch.tensor([tree.tokens[n] for n in expand], dtype=torch.long, device=device)
             features = torch.stack([hidden[tree.parents[n]] for n in expand])
             positions = torch.tensor([len(tokens) - 1 + depth[n] for n in expand], device=device)
             rows, outs = self.head.step(ids, features, positions, seq.cache, mask=mask)
             fed += expand
+            if id_map is not None:  # every node's top k at once
+                values, ranked = torch.log_softmax(rows.float(), dim=-1).topk(shape.top_k)
+                values, ranked = values.tolist(), id_map[ranked].tolist()
             level = []
             for j, n in enumerate(expand):
                 hidden[n] = outs[j]
-                tree.add_children(n, logprobs(n, rows[j]), top, id_map)
+                if id_map is not None:
+                    tree.add_ranked(n, values[j], ranked[j], top)
+                else:
+                    tree.add_children(n, logprobs(n, rows[j]), top, id_map)
                 level += tree.level
             tree.level = level
         seq.cache.truncate(seq.consumed)  # drafted entries never outlive the round

@@ -53,13 +53,17 @@ class CandidateTree:
         values, ids = logprobs.topk(max(ranks) + 1)
         if id_map is not None:
             ids = id_map[ids]
+        self.add_ranked(parent, values.tolist(), ids.tolist(), ranks)
+
+    def add_ranked(self, parent: int, values: list[float], ids: list[int], ranks: list[int]) -> None:
+        """``add_children`` from the distribution's top entries, ranked: their log-probabilities and token ids."""
         base = self.scores[parent] if parent >= 0 else 0.0
         self.level = []
         for r in ranks:
             self.level.append(len(self.tokens))
-            self.tokens.append(int(ids[r]))
+            self.tokens.append(ids[r])
             self.parents.append(parent)
-            self.scores.append(base + float(values[r]))
+            self.scores.append(base + values[r])
             self.ranks.append((self.ranks[parent] if parent >= 0 else ()) + (r,))
 
     def path(self, node: int) -> list[int]:

@@ -77,7 +77,10 @@ def test_a_quantized_head_drafts_what_the_float_head_does_within_int8_error():
     head = _random_head(hidden=64)
     quant = copy.deepcopy(head)
     assert quantize_head(quant, "auto") == "int8"
-    assert all(isinstance(getattr(quant, name), QuantLinear) for name in Eagle3Head.LINEARS)
+    fused = {part for parts in Eagle3Head.FUSED.values() for part in parts}
+    assert all(isinstance(getattr(quant, name), QuantLinear) for name in Eagle3Head.LINEARS if name not in fused)
+    assert all(isinstance(getattr(quant, name), QuantLinear) and getattr(quant, part) is None  # q, k, v as one
+               for name, parts in Eagle3Head.FUSED.items() for part in parts)
     ids, feats = torch.randint(0, 300, (12,)), torch.randn(12, 3 * 64)
     with torch.no_grad():
         got = []
