@@ -193,6 +193,12 @@ DEFAULT_PAIR_SUFFIX_MIN_SCORE = 1.5
 # tokens per pass, 2.97x against 3.05-3.09x (the head's round costs more than its extra tokens gain where the suffix
 # match is long: merging every round, 2.90x; below 6 the confident matches skip the head).
 DEFAULT_PAIR_SUFFIX_MERGE_SCORE = 6.0
+# The default pair's head expands its 6 likeliest candidates per level, 6 children each (SGLang's
+# speculative_eagle_topk; 4 elsewhere), the 15 likeliest of them kept. Measured (the offline LLM, greedy, the 16 open
+# chat and 40 agent-like prompts of benchmarks/bench_trees.py, 64 tokens, 2-core AMD EPYC avx512): open chat 2.40
+# tokens per pass against 2.34 with 4 (5: 2.37, 8: 2.39), agent-like 4.24 against 4.22; the head's round costs 0.17 ms
+# more (3.54 against 3.37 ms, about 0.4% of a round), its wider level passes batched in one product each.
+DEFAULT_PAIR_HEAD_TOP_K = 6
 DEFAULT_PAIR_DRAFT_MODEL_K = 1
 DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR = 4.0
 # The default pair verifies without drafts while this many sequences generate (vLLM's disable_by_batch_size).
@@ -202,7 +208,7 @@ DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR = 4.0
 # speculation stays on for 1-2 streams and is off from 3.
 DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE = 3
 # The default pair drafts token trees (specdec.trees): its suffix rounds propose the suffix trees' branches, its
-# head's rounds EAGLE-2's dynamic trees (top 4 children per node, 15 nodes). For the suffix/draft-model pair (its
+# head's rounds EAGLE-2's dynamic trees (top DEFAULT_PAIR_HEAD_TOP_K children per node, 15 nodes). For the suffix/draft-model pair (its
 # model rounds: the draft's top 4 candidates), measured (benchmarks/bench_trees.py, served, greedy, fp32, 2-core Xeon
 # with AMX, one run): open chat 1.29x the target alone against 1.17x with chains (1.38 tokens per pass against
 # 1.25), agent-like traffic 3.44x against 3.36x, every output identical; 8 streams of suffix trees no slower
@@ -507,8 +513,10 @@ def default_speculative_config() -> dict | None:
     if default_head_path() is None:
         return draft_model_pair_config()
     return _shipped_pair("the embedded default pair", "its EAGLE-3 head", DEFAULT_EAGLE3_HEAD,
-                         alone={"method": "eagle3", "num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH},
+                         alone={"method": "eagle3", "num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH,
+                                "speculative_eagle_topk": DEFAULT_PAIR_HEAD_TOP_K},
                          hybrid={"method": "eagle3", "enable_suffix_decoding": True,
+                                 "speculative_eagle_topk": DEFAULT_PAIR_HEAD_TOP_K,
                                  "draft_model_num_speculative_tokens": DEFAULT_PAIR_HEAD_DEPTH,
                                  "suffix_decoding_min_score": DEFAULT_PAIR_SUFFIX_MIN_SCORE,
                                  "suffix_decoding_merge_score": DEFAULT_PAIR_SUFFIX_MERGE_SCORE})

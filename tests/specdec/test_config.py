@@ -27,6 +27,7 @@ def test_the_default_pair_drafts_suffix_trees_where_arcticinference_is_installed
     pair = default_speculative_config()
     assert pair["method"] == "eagle3" and pair["enable_suffix_decoding"] and pair["speculative_token_tree"] == "dynamic"
     assert pair["model"] == config.DEFAULT_EAGLE3_HEAD and pair["suffix_decoding_min_score"] == 1.5
+    assert pair["speculative_eagle_topk"] == config.DEFAULT_PAIR_HEAD_TOP_K == 6
     assert SpeculativeConfig.from_any(pair).uses_suffix
     assert draft_model_pair_config()["method"] == "suffix"  # the pair before the head, still one call away
 
@@ -38,6 +39,7 @@ def test_without_arcticinference_the_default_pair_drafts_with_its_head(no_arctic
         pair = default_speculative_config()
         default_speculative_config()
     assert pair == {"method": "eagle3", "model": config.DEFAULT_EAGLE3_HEAD, "num_speculative_tokens": 3,
+                    "speculative_eagle_topk": config.DEFAULT_PAIR_HEAD_TOP_K,
                     "disable_by_batch_size": config.DEFAULT_PAIR_DISABLE_BY_BATCH_SIZE,
                     "speculative_token_tree": "dynamic"}
     spec = SpeculativeConfig.from_any(pair)  # a config every part accepts
