@@ -15,7 +15,9 @@ Side by side in one run, greedy, the same target (default: the embedded ``smollm
   * the default before the EAGLE-3 head (suffix decoding before the draft model: ``draft_model_pair_config``), as
     chains and with trees (the draft model's rounds: its top-4 candidates per expanded node);
   * the shipped default with unmerged trees (``suffix_decoding_merge_score`` 0: a suffix tree proposes alone, as
-    before 2026-12-07, where the default merges a suffix tree expecting fewer than 6 tokens with the head's).
+    before 2026-12-07, where the default merges a suffix tree expecting fewer than 6 tokens with the head's);
+  * the shipped default with its head's top 4 per level (``speculative_eagle_topk`` 4, the default before
+    2026-12-07; now 6).
 
 Workloads, in this order:
   (a) agent-like traffic that no benchmark or setting here was tuned on (``--agent-requests``, 40): tool calls
@@ -131,7 +133,9 @@ def setups(args) -> dict[str, dict | None]:
              "suffix + draft model (chains)": pair,
              "suffix + draft model trees": {**pair, "speculative_token_tree": "dynamic"},
              "shipped default, unmerged trees": {**default, "speculative_token_tree": "dynamic",
-                                                 "suffix_decoding_merge_score": 0.0}}
+                                                 "suffix_decoding_merge_score": 0.0},
+             "shipped default, head top 4": {**default, "speculative_token_tree": "dynamic",
+                                             "speculative_eagle_topk": 4}}
     if not args.setups:
         return every
     wanted = [w.strip() for w in args.setups.split(",") if w.strip()]

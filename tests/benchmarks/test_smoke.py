@@ -672,7 +672,7 @@ def test_smoke_eagle3(tmp_path):
 TREES_SETUPS = ["target alone", "suffix k<=8 chains", "suffix k<=8 trees", "shipped default (chains)",
                 "shipped default with trees", "draft model k=3 chains", "draft model k=3 trees", "n-gram k=8 chains",
                 "n-gram k=8 trees", "suffix + draft model (chains)", "suffix + draft model trees",
-                "shipped default, unmerged trees"]
+                "shipped default, unmerged trees", "shipped default, head top 4"]
 TREES = Expected(
     "bench_trees.py", ["setup", "workload", "tokens/s", "speedup", "decode speedup", "tokens/pass", "mean draft", "acceptance",
                        "identical"],
@@ -697,6 +697,9 @@ def test_smoke_trees(tmp_path):
     # the default merges weak suffix trees with the head's; its unmerged row (not streamed) does not
     assert data["setups"]["shipped default with trees"]["suffix_decoding_merge_score"] > 0
     assert data["setups"]["shipped default, unmerged trees"]["suffix_decoding_merge_score"] == 0
+    # the default's head expands 6 candidates per level; its top-4 row (the default before 2026-12-07) 4
+    assert data["setups"]["shipped default with trees"]["speculative_eagle_topk"] == 6
+    assert data["setups"]["shipped default, head top 4"]["speculative_eagle_topk"] == 4
     # the agent requests come in pairs: each one re-issued with a small change
     agent = data["messages"]["agent"]
     assert len(agent) == 4 and agent[0] != agent[1] and agent[0][:40] == agent[1][:40]
