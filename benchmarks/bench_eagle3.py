@@ -234,12 +234,15 @@ def main() -> int:
                  "bytes_per_round_decode": 2 * width * (sum(len(x["token_ids"]) for x in ek) - len(ek)) / rounds,
                  "round_ms": round_ms, "share_of_round": wire["features_ms"] / round_ms})
     by = {(r["setup"], r["set"]): r for r in rows}
-    goals = {"open_ended_2x": {"setup": k_best.label, "value": by[(k_best.label, "open-ended")]["speedup"], "goal": 2.0},
-             "open_ended_2.5_tokens_per_pass": {"setup": k_best.label, "goal": 2.5,
-                                                "value": by[(k_best.label, "open-ended")]["tokens/pass"]},
-             "mixed_not_worse_than_default": {"setup": k_best.label, "goal": 1.0,
-                                              "value": by[(k_best.label, "mixed")]["tokens/s"]
-                                              / by[("default pair (suffix hybrid)", "mixed")]["tokens/s"]}}
+    # the goals, for the default pair (its drafter since 2026-12-06) and the head's best row alone
+    default = "default pair (suffix hybrid)"
+    goals = {}
+    for label, suffix in ((default, ""), (k_best.label, ", the head alone")):
+        goals[f"open_ended_2x{suffix}"] = {"setup": label, "value": by[(label, "open-ended")]["speedup"], "goal": 2.0}
+        goals[f"open_ended_2.5_tokens_per_pass{suffix}"] = {"setup": label, "goal": 2.5,
+                                                           "value": by[(label, "open-ended")]["tokens/pass"]}
+    goals["mixed_default_not_worse_than_the_head_alone"] = {
+        "setup": default, "goal": 1.0, "value": by[(default, "mixed")]["tokens/s"] / by[(k_best.label, "mixed")]["tokens/s"]}
     for g in goals.values():
         g["met"] = g["value"] >= g["goal"]
     mismatches = first_mismatch(runs, setups, sets, args.repeats)
