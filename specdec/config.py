@@ -197,7 +197,9 @@ DEFAULT_PAIR_SUFFIX_MERGE_SCORE = 6.0
 # speculative_eagle_topk; 4 elsewhere), the 15 likeliest of them kept. Measured (the offline LLM, greedy, the 16 open
 # chat and 40 agent-like prompts of benchmarks/bench_trees.py, 64 tokens, 2-core AMD EPYC avx512): open chat 2.40
 # tokens per pass against 2.34 with 4 (5: 2.37, 8: 2.39), agent-like 4.24 against 4.22; the head's round costs 0.17 ms
-# more (3.54 against 3.37 ms, about 0.4% of a round), its wider level passes batched in one product each.
+# more (3.54 against 3.37 ms, about 0.4% of a round), its wider level passes batched in one product each. Served
+# (benchmarks/bench_trees.py, the same machine, side by side): open chat 1.96x the target alone against 1.97x with 4,
+# agent-like 3.28x against 3.31x (alike within this machine's noise), every output identical.
 DEFAULT_PAIR_HEAD_TOP_K = 6
 DEFAULT_PAIR_DRAFT_MODEL_K = 1
 DEFAULT_PAIR_SUFFIX_MAX_SPEC_FACTOR = 4.0
