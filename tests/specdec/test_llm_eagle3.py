@@ -96,6 +96,7 @@ def test_a_head_for_another_target_is_refused(shallow_draft_dir, other_vocab_dir
         LLM(str(other_vocab_dir), dtype="float32", speculative_config=_spec(eagle3_head_dir))
 
 
+@pytest.mark.heavy  # 5.1 s (seeded) in the whole run of 2026-12-07's evening
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
                                     SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)],
                          ids=["greedy", "seeded"])

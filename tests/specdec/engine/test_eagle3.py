@@ -98,6 +98,33 @@ def test_a_quantized_head_drafts_what_the_float_head_does_within_int8_error():
         quantize_head(copy.deepcopy(head), "fp8")
 
 
+def test_quantize_fuses_the_products_that_share_an_input_with_the_same_outputs():
+    """quantize() makes q, k and v one product, and gate and up another: each output column keeps its weight scale
+    and the input its one scale, so the head's logits and outputs are bitwise those of the separate products."""
+    import copy
+
+    from specdec.engine.quant import QuantLinear
+
+    head = _random_head(hidden=64)
+    separate = copy.deepcopy(head)
+    for name in Eagle3Head.LINEARS:
+        linear = getattr(separate, name)
+        del separate._modules[name]
+        object.__setattr__(separate, name, QuantLinear(linear.weight.detach()))
+    fused = copy.deepcopy(head).quantize("int8")
+    assert set(fused._fused_sizes) == {"qkv_proj", "gate_up_proj"} and fused.q_proj is None
+    ids, feats = torch.randint(0, 300, (12,)), torch.randn(12, 3 * 64)
+    with torch.no_grad():
+        got = []
+        for h in (separate, fused):
+            cache = HeadCache(2, 16, torch.float32, torch.device("cpu"))
+            logits, prenorm = h.step(ids[1:], feats[:11], torch.arange(11), cache)
+            drafted, after = h.step(ids[:3], prenorm[-3:], torch.tensor([11, 11, 12]), cache,
+                                    mask=torch.ones(3, 14, dtype=torch.bool))
+            got.append((logits, prenorm, drafted, after))
+    assert all(torch.equal(a, b) for a, b in zip(*got))
+
+
 @pytest.mark.parametrize("with_embedding", [True, False])
 def test_published_layout_round_trip(tmp_path, with_embedding):
     head = _random_head()
