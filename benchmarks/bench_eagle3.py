@@ -237,7 +237,7 @@ def main() -> int:
     # the goals, for the default pair (its drafter since 2026-12-06) and the head's best row alone
     default = "default pair (suffix hybrid)"
     goals = {}
-    for label, suffix in ((default, ""), (k_best.label, ", the head alone")):
+    for label, suffix in ((default, ", default pair"), (k_best.label, ", the head alone")):
         goals[f"open_ended_2x{suffix}"] = {"setup": label, "value": by[(label, "open-ended")]["speedup"], "goal": 2.0}
         goals[f"open_ended_2.5_tokens_per_pass{suffix}"] = {"setup": label, "goal": 2.5,
                                                            "value": by[(label, "open-ended")]["tokens/pass"]}

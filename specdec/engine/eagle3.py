@@ -111,7 +111,8 @@ class Eagle3Head(nn.Module):
         where two candidates nearly tie; the target's verification keeps the output exact either way.
 
         The products that read the same input become one (``FUSED``: q, k and v; gate and up): each output column
-        keeps its own weight scale and the input its one scale, so the outputs are those of the separate products,
+        keeps its own weight scale and the input its one scale, so with int8 on the CPU the outputs are bitwise those
+        of the separate products (on CUDA, cuBLASLt may pick another algorithm for the wider product: drafts only),
         for one call in place of three (two). A drafting step's products are a few rows each, so a call's fixed
         cost is most of theirs."""
         from specdec.engine.quant import QuantLinear

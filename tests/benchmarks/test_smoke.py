@@ -662,10 +662,10 @@ def test_smoke_eagle3(tmp_path):
     wire = data["wire"]
     assert wire["width"] == 3 * 64 and wire["bytes_per_round"] > 0 and wire["with"]["response_bytes"] > \
         wire["without"]["response_bytes"] + 2 * wire["width"]  # the features are in the response
-    assert set(data["goals"]) == {"open_ended_2x", "open_ended_2.5_tokens_per_pass", "open_ended_2x, the head alone",
-                                  "open_ended_2.5_tokens_per_pass, the head alone",
+    assert set(data["goals"]) == {"open_ended_2x, default pair", "open_ended_2.5_tokens_per_pass, default pair",
+                                  "open_ended_2x, the head alone", "open_ended_2.5_tokens_per_pass, the head alone",
                                   "mixed_default_not_worse_than_the_head_alone"}
-    assert data["goals"]["open_ended_2x"]["setup"] == "default pair (suffix hybrid)"
+    assert data["goals"]["open_ended_2x, default pair"]["setup"] == "default pair (suffix hybrid)"
 
 
 # --------------------------------------------------------------------------------------------------
