@@ -29,7 +29,7 @@ tokens/s, the text equal to the target alone's (the coupled rule of seeded reque
 
 Wire: the features a round moves (the target's Verify response, the draft's Propose request: rows x width bf16)
 per round, and their cost, measured on a target service started here after the rows: the same Verify (a 200-token
-context, k drafts) with and without ``feature_layers``, median of ``--wire-reps``; their share of an EAGLE-3
+context, k drafts) with and without ``feature_layers``, alternated, median of ``--wire-reps``; their share of an EAGLE-3
 round's time (the open-ended rows' mean round).
 
     python benchmarks/bench_eagle3.py --max-tokens 96 --repeats 2
@@ -67,7 +67,8 @@ COLUMNS = ["setup", "set", "tokens/s", "speedup", "speedup range", "decode speed
 
 
 def wire_cost(target: str, dtype: str, layers: list[int], k: int, reps: int) -> dict:
-    """Verify with and without features on a target service started here (nothing else runs now)."""
+    """Verify with and without features on a target service started here (nothing else runs now), the two
+    alternated rep by rep (a drifting machine then moves both alike)."""
     from specdec.v1 import target_service_pb2, target_service_pb2_grpc
     from target_service.config import TargetServiceConfig
     from target_service.server import create_server
@@ -77,10 +78,11 @@ def wire_cost(target: str, dtype: str, layers: list[int], k: int, reps: int) -> 
         with grpc.insecure_channel(f"127.0.0.1:{handle.port}") as channel:
             stub = target_service_pb2_grpc.TargetServiceStub(channel)
             context = [(7 * i) % 5000 + 100 for i in range(200)]
-            out = {}
-            for name, asked in (("without", []), ("with", layers)):
-                times, size = [], 0
-                for r in range(reps + 3):
+            kinds = (("without", []), ("with", layers))
+            times: dict[str, list[float]] = {name: [] for name, _ in kinds}
+            sizes: dict[str, int] = {}
+            for r in range(reps + 3):
+                for name, asked in (kinds if r % 2 else kinds[::-1]):
                     sid = f"wire-{name}-{r}"
                     stub.Verify(target_service_pb2.VerifyRequest(sequence_id=sid, new_token_ids=context,
                                                                  feature_layers=asked), timeout=60)
@@ -89,10 +91,11 @@ def wire_cost(target: str, dtype: str, layers: list[int], k: int, reps: int) -> 
                         sequence_id=sid, start_position=len(context), new_token_ids=[11],
                         draft_token_ids=[12] * k, feature_layers=asked, feature_start=len(context)), timeout=60)
                     if r >= 3:
-                        times.append(time.perf_counter() - began)
-                    size = resp.ByteSize()
+                        times[name].append(time.perf_counter() - began)
+                    sizes[name] = resp.ByteSize()
                     stub.ReleaseSequence(common_pb2.ReleaseSequenceRequest(sequence_id=sid), timeout=10)
-                out[name] = {"verify_ms_median": 1000 * statistics.median(times), "response_bytes": size}
+            out = {name: {"verify_ms_median": 1000 * statistics.median(times[name]), "response_bytes": sizes[name]}
+                   for name, _ in kinds}
             out["features_ms"] = out["with"]["verify_ms_median"] - out["without"]["verify_ms_median"]
             return out
     finally:
