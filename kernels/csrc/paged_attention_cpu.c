@@ -283,6 +283,12 @@ static bufs_t carve(const job_t *J, float *base) {
     return B;
 }
 
+/* The pool rows of tree token t's own keys at chunk offsets [from, to) (its path: ancestors, then itself). */
+static inline void path_rows(const job_t *J, int t, int c0, int from, int to, int64_t *rows) {
+    const int64_t at = (int64_t)J->tree_off[t] + c0 - J->tree_start[t];  /* + j: offset j's entry */
+    for (int j = from; j < to; ++j) rows[j - from] = J->tree_slots[at + j];
+}
+
 /* Phase 1, one item: sequence s, kv head g, chunk c, tokens t0..t1 (and every query head of g). Each query's keys
  * in the chunk are [a, b): [a, e) read through the block table, tile by tile (each tile copied once, read by every
  * query while it is in cache), and, for a tree's node, [e, b) through its path. Scores first, then their
@@ -330,8 +336,7 @@ static void chunk_item(const job_t *J, const item_t *it, bufs_t B) {
     }
     for (int i = 0; i < n; ++i) {
         if (e[i] >= b[i]) continue;
-        const int t = t0 + i, ts = J->tree_start[t];
-        for (int j = e[i]; j < b[i]; ++j) B.path_slots[j - e[i]] = J->tree_slots[J->tree_off[t] + c0 + j - ts];
+        path_rows(J, t0 + i, c0, e[i], b[i], B.path_slots);
         gather(B.path, kb, B.path_slots, b[i] - e[i], d, bf16);
         for (int h = 0; h < group; ++h)
             BY_HEAD_SIZE(score, d, ROW(i, h) + e[i], QUERY(i, h), B.path, 0, b[i] - e[i], d, J->scale);
@@ -361,8 +366,7 @@ static void chunk_item(const job_t *J, const item_t *it, bufs_t B) {
     }
     for (int i = 0; i < n; ++i) {
         if (e[i] >= b[i]) continue;
-        const int t = t0 + i, ts = J->tree_start[t];
-        for (int j = e[i]; j < b[i]; ++j) B.path_slots[j - e[i]] = J->tree_slots[J->tree_off[t] + c0 + j - ts];
+        path_rows(J, t0 + i, c0, e[i], b[i], B.path_slots);
         gather(B.path, vb, B.path_slots, b[i] - e[i], d, bf16);
         for (int h = 0; h < group; ++h) {
             float *acc = ACC(i, h);

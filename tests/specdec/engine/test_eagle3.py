@@ -66,6 +66,22 @@ def test_draft_ids_map_to_target_ids():
     assert int(full[0].argmax()) == 3 * int(logits[0].argmax())
 
 
+def _fed_then_drafted(heads) -> list[tuple[torch.Tensor, ...]]:
+    """Each head (of ``_random_head(hidden=64)``'s shape) fed 11 positions with target features, then one tree level
+    of 3 nodes from its own outputs: (logits, prenorm) of both steps, the same inputs for every head."""
+    g = torch.Generator().manual_seed(1)
+    ids, feats = torch.randint(0, 300, (12,), generator=g), torch.randn(12, 3 * 64, generator=g)
+    out = []
+    with torch.no_grad():
+        for h in heads:
+            cache = HeadCache(2, 16, torch.float32, torch.device("cpu"))
+            logits, prenorm = h.step(ids[1:], feats[:11], torch.arange(11), cache)
+            drafted, after = h.step(ids[:3], prenorm[-3:], torch.tensor([11, 11, 12]), cache,
+                                    mask=torch.ones(3, 14, dtype=torch.bool))
+            out.append((logits, prenorm, drafted, after))
+    return out
+
+
 def test_a_quantized_head_drafts_what_the_float_head_does_within_int8_error():
     """quantize("int8"): every product a W8A8 QuantLinear (the head reads a quarter of fp32's bytes per step); its
     logits stay close to the float head's, through the fed history and a drafted step from its own output."""
@@ -81,14 +97,7 @@ def test_a_quantized_head_drafts_what_the_float_head_does_within_int8_error():
     assert all(isinstance(getattr(quant, name), QuantLinear) for name in Eagle3Head.LINEARS if name not in fused)
     assert all(isinstance(getattr(quant, name), QuantLinear) and getattr(quant, part) is None  # q, k, v as one
                for name, parts in Eagle3Head.FUSED.items() for part in parts)
-    ids, feats = torch.randint(0, 300, (12,)), torch.randn(12, 3 * 64)
-    with torch.no_grad():
-        got = []
-        for h in (head, quant):
-            cache = HeadCache(2, 16, torch.float32, torch.device("cpu"))
-            logits, prenorm = h.step(ids[1:], feats[:11], torch.arange(11), cache)
-            drafted, _ = h.step(ids[:1], prenorm[-1:], torch.tensor([11]), cache)
-            got.append(torch.cat([logits, drafted]))
+    got = [torch.cat([logits, drafted]) for logits, _, drafted, _ in _fed_then_drafted((head, quant))]
     cos = torch.nn.functional.cosine_similarity(got[0], got[1], dim=-1)
     assert cos.min() > 0.99, cos
     assert not torch.equal(got[0], got[1])  # (it is another formulation)
@@ -113,15 +122,7 @@ def test_quantize_fuses_the_products_that_share_an_input_with_the_same_outputs()
         object.__setattr__(separate, name, QuantLinear(linear.weight.detach()))
     fused = copy.deepcopy(head).quantize("int8")
     assert set(fused._fused_sizes) == {"qkv_proj", "gate_up_proj"} and fused.q_proj is None
-    ids, feats = torch.randint(0, 300, (12,)), torch.randn(12, 3 * 64)
-    with torch.no_grad():
-        got = []
-        for h in (separate, fused):
-            cache = HeadCache(2, 16, torch.float32, torch.device("cpu"))
-            logits, prenorm = h.step(ids[1:], feats[:11], torch.arange(11), cache)
-            drafted, after = h.step(ids[:3], prenorm[-3:], torch.tensor([11, 11, 12]), cache,
-                                    mask=torch.ones(3, 14, dtype=torch.bool))
-            got.append((logits, prenorm, drafted, after))
+    got = _fed_then_drafted((separate, fused))
     assert all(torch.equal(a, b) for a, b in zip(*got))
 
 
